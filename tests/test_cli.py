@@ -1,0 +1,81 @@
+"""Command-line behaviour of each script: bad input, determinism, the files it writes."""
+
+import os
+
+import pytest
+import tyro
+from conftest import SMOKE_ARGS, load_script, only_run_dir, read_scalars, run_script
+
+SCRIPTS = ["ppo_procgen"]
+
+# (flags, the flag the one-line error must name)
+BAD_INPUTS = [
+    (["--num-minibatches", "7"], "--num-minibatches"),
+    (["--batch-size", "3000"], "--minibatch-size"),
+    (["--env-id", "starpilotx"], "--env-id"),
+    (["--num-envs", "0"], "--num-envs"),
+    (["--num-steps", "-4"], "--num-steps"),
+    (["--total-timesteps", "100"], "--total-timesteps"),
+    (["--update-epochs", "0"], "--update-epochs"),
+    (["--num-levels", "-1"], "--num-levels"),
+    (["--lr", "0"], "--learning-rate"),
+    (["--gamma", "1.5"], "--gamma"),
+    (["--gae-lambda", "-0.1"], "--gae-lambda"),
+    (["--clip-coef", "0"], "--clip-coef"),
+    (["--clip-range-vf", "-0.2"], "--clip-range-vf"),
+    (["--ent-coef", "-0.01"], "--ent-coef"),
+    (["--vf-coef", "-1"], "--vf-coef"),
+    (["--max-grad-norm", "0"], "--max-grad-norm"),
+    (["--target-kl", "0"], "--target-kl"),
+    (["--capture-video", "--eval-interval", "0"], "--capture-video"),
+]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+@pytest.mark.parametrize("flags,flag", BAD_INPUTS)
+def test_bad_input_stops_with_one_line(tmp_path, monkeypatch, capsys, name, flags, flag):
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "earlier.txt").write_text("kept")
+    with pytest.raises(SystemExit) as exc:
+        script.train(tyro.cli(script.Args, args=flags))
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0], lines
+    assert os.listdir(tmp_path / "runs") == ["earlier.txt"]  # nothing built, nothing lost
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bad_input_from_the_command_line(tmp_path, name):
+    proc = run_script(f"{name}.py", ["--num-minibatches", "7"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"{name}.py: error: --num-minibatches: must divide the batch of num_envs x num_steps = 16384"
+    ]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_same_seed_same_losses_other_seed_not(tmp_path, monkeypatch, name):
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    losses = {}
+    for run, seed in (("a", 1), ("b", 1), ("c", 2)):
+        args = tyro.cli(script.Args, args=[*SMOKE_ARGS, "--device", "cpu", "--seed", str(seed), "--exp-name", run])
+        run_name = script.train(args)
+        scalars = read_scalars(tmp_path / "runs" / run_name)
+        losses[run] = [scalars[tag] for tag in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl")]
+    assert losses["a"] == losses["b"]
+    assert losses["a"] != losses["c"]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_video_and_model_are_written(tmp_path, name):
+    flags = [*SMOKE_ARGS, "--total-timesteps", "384", "--device", "cpu", "--capture-video", "--save-model"]
+    proc = run_script(f"{name}.py", flags, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path)
+    videos = list((tmp_path / "videos" / run_dir.name).glob("*.mp4"))
+    assert videos and all(v.stat().st_size > 1000 for v in videos), videos
+    model = run_dir / f"{name}.cleanrl_model"
+    assert model.stat().st_size > 100_000  # the IMPALA network's weights, not an empty file
