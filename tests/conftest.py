@@ -13,10 +13,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Small enough for a few seconds on 2 CPU cores: 2 iterations of 4 envs x 32 steps, 2 minibatches.
 SMOKE_ARGS = ["--num-envs", "4", "--num-steps", "32", "--total-timesteps", "256", "--num-minibatches", "2",
-              "--num-eval-envs", "2", "--env-threads", "1"]  # fmt: skip
+              "--num-eval-envs", "8", "--env-threads", "1"]  # fmt: skip
+# what a script needs on top of SMOKE_ARGS for a smoke-sized run: PPG closes a phase every 2 iterations
+SCRIPT_ARGS = {
+    "ppo_procgen": [],
+    "ppg_procgen": ["--n-iteration", "2", "--num-aux-rollouts", "2", "--e-auxiliary", "2"],
+}
+AUX_TAGS = ["losses/aux/kl_loss", "losses/aux/aux_value_loss", "losses/aux/real_value_loss"]
 LOSS_TAGS = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",
              "losses/approx_kl", "losses/clipfrac"]  # fmt: skip
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+
+
+def smoke_args(name):
+    return [*SMOKE_ARGS, *SCRIPT_ARGS[name]]
 
 
 def load_script(name):

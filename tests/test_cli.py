@@ -4,9 +4,9 @@ import os
 
 import pytest
 import tyro
-from conftest import SMOKE_ARGS, load_script, only_run_dir, read_scalars, run_script
+from conftest import load_script, only_run_dir, read_scalars, run_script, smoke_args
 
-SCRIPTS = ["ppo_procgen"]
+SCRIPTS = ["ppo_procgen", "ppg_procgen"]
 
 # (flags, the flag the one-line error must name)
 BAD_INPUTS = [
@@ -16,7 +16,6 @@ BAD_INPUTS = [
     (["--num-envs", "0"], "--num-envs"),
     (["--num-steps", "-4"], "--num-steps"),
     (["--total-timesteps", "100"], "--total-timesteps"),
-    (["--update-epochs", "0"], "--update-epochs"),
     (["--num-levels", "-1"], "--num-levels"),
     (["--lr", "0"], "--learning-rate"),
     (["--gamma", "1.5"], "--gamma"),
@@ -29,10 +28,23 @@ BAD_INPUTS = [
     (["--target-kl", "0"], "--target-kl"),
     (["--capture-video", "--eval-interval", "0"], "--capture-video"),
 ]
+SCRIPT_BAD_INPUTS = {
+    "ppo_procgen": [(["--update-epochs", "0"], "--update-epochs")],
+    "ppg_procgen": [
+        (["--e-auxiliary", "0"], "--e-auxiliary"),
+        (["--n-iteration", "0"], "--n-iteration"),
+        (["--num-aux-rollouts", "3"], "--num-aux-rollouts"),
+        (["--num-aux-rollouts", "4", "--n-aux-grad-accum", "3"], "--num-aux-rollouts"),
+        (["--beta-clone", "-1"], "--beta-clone"),
+        # 256 x 64 x 4096 observations of 12 KiB: 768 GiB, more than any machine has
+        (["--n-iteration", "4096", "--total-timesteps", "100000000"], "--n-iteration"),
+    ],
+}
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-@pytest.mark.parametrize("flags,flag", BAD_INPUTS)
+@pytest.mark.parametrize(
+    "name,flags,flag", [(name, *case) for name in SCRIPTS for case in BAD_INPUTS + SCRIPT_BAD_INPUTS[name]]
+)
 def test_bad_input_stops_with_one_line(tmp_path, monkeypatch, capsys, name, flags, flag):
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
@@ -61,7 +73,9 @@ def test_same_seed_same_losses_other_seed_not(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
     losses = {}
     for run, seed in (("a", 1), ("b", 1), ("c", 2)):
-        args = tyro.cli(script.Args, args=[*SMOKE_ARGS, "--device", "cpu", "--seed", str(seed), "--exp-name", run])
+        args = tyro.cli(
+            script.Args, args=[*smoke_args(name), "--device", "cpu", "--seed", str(seed), "--exp-name", run]
+        )
         run_name = script.train(args)
         scalars = read_scalars(tmp_path / "runs" / run_name)
         losses[run] = [scalars[tag] for tag in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl")]
@@ -71,7 +85,7 @@ def test_same_seed_same_losses_other_seed_not(tmp_path, monkeypatch, name):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_video_and_model_are_written(tmp_path, name):
-    flags = [*SMOKE_ARGS, "--total-timesteps", "384", "--device", "cpu", "--capture-video", "--save-model"]
+    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", "cpu", "--capture-video", "--save-model"]
     proc = run_script(f"{name}.py", flags, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)

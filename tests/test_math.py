@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import load_script
 
-SCRIPTS = ["ppo_procgen"]
+SCRIPTS = ["ppo_procgen", "ppg_procgen"]
 
 
 @pytest.fixture(params=SCRIPTS)

@@ -1,0 +1,90 @@
+"""What PPG adds: the auxiliary phase, the architectures, the cloning KL, the run-long schedule."""
+
+import math
+
+import pytest
+import torch
+import tyro
+from conftest import load_script, read_scalars, smoke_args
+
+ARCHS = ["dual", "shared", "detach"]
+
+
+def make_agent(arch, **flags):
+    ppg = load_script("ppg_procgen")
+    argv = ["--arch", arch] + [x for key, value in flags.items() for x in (f"--{key.replace('_', '-')}", str(value))]
+    args = tyro.cli(ppg.Args, args=argv)
+    torch.manual_seed(0)
+    return ppg, args, ppg.Agent(args, 15)
+
+
+def random_obs(n):
+    return torch.randint(0, 256, (n, 64, 64, 3), dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_auxiliary_phase_changes_the_parameters(arch):
+    ppg, args, agent = make_agent(arch, e_auxiliary=2, num_aux_rollouts=2, n_aux_grad_accum=2)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3, eps=1e-5)
+    aux_obs = random_obs(8 * 4).view(8, 4, 64, 64, 3)  # 8 steps x 4 rollouts
+    aux_returns = torch.randn(8, 4)
+    before = {name: p.detach().clone() for name, p in agent.named_parameters()}
+    stats = ppg.auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args)
+    assert all(math.isfinite(v) for v in stats.values()) and stats["aux_value_loss"] > 0
+    changed = {name for name, p in agent.named_parameters() if not torch.equal(p, before[name])}
+    # the encoder learns (aux value and cloning), and both value heads learn
+    assert any(n.startswith("network.") for n in changed) and any(n.startswith("aux_critic") for n in changed)
+    assert any(n.startswith("critic") for n in changed)
+    assert arch != "dual" or any(n.startswith("value_network.") for n in changed)
+    assert not set(before) - changed - {n for n in before if n.startswith("actor")}  # actor: maybe zero grad
+    # 2 epochs x 2 minibatches, gradients accumulated over 2: exactly 2 optimizer steps
+    assert {int(s["step"]) for s in optimizer.state.values()} == {2}
+
+
+def value_loss_grads(arch):
+    _, _, agent = make_agent(arch)
+    _, new_value, _ = agent.get_pi_value_and_aux_value(random_obs(4))
+    (new_value**2).mean().backward()
+    return agent
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_what_the_true_value_loss_trains(arch):
+    agent = value_loss_grads(arch)
+    encoder_grad = sum(p.grad.abs().sum() for p in agent.network.parameters() if p.grad is not None)
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in agent.critic.parameters())
+    if arch == "shared":
+        assert encoder_grad > 0
+    else:  # detach: the value head reads detached features; dual: it has a network of its own
+        assert encoder_grad == 0
+    if arch == "dual":
+        assert all(p.grad.abs().sum() > 0 for p in agent.value_network.parameters())
+
+
+def test_dual_networks_share_no_parameters():
+    _, _, agent = make_agent("dual")
+    policy = {id(p) for p in agent.network.parameters()}
+    value = {id(p) for p in agent.value_network.parameters()}
+    assert policy and value and not policy & value
+
+
+def test_kl_term():
+    ppg = load_script("ppg_procgen")
+    logits = torch.randn(5, 15)
+    assert ppg.policy_kl(logits, logits.clone()).abs() < 1e-6
+    old = torch.log(torch.tensor([[0.5, 0.5], [0.9, 0.1]]))
+    new = torch.log(torch.tensor([[0.25, 0.75], [0.9, 0.1]]))
+    # row 0: 0.5 ln(0.5 / 0.25) + 0.5 ln(0.5 / 0.75) = 0.5 ln(4 / 3); row 1: 0
+    torch.testing.assert_close(ppg.policy_kl(old, new), torch.tensor(0.25 * math.log(4 / 3)))
+
+
+def test_learning_rate_anneals_over_the_run_not_per_phase(tmp_path, monkeypatch):
+    ppg = load_script("ppg_procgen")
+    monkeypatch.chdir(tmp_path)
+    flags = [*smoke_args("ppg_procgen"), "--total-timesteps", "512", "--anneal-lr", "--eval-interval", "0"]
+    run_name = ppg.train(tyro.cli(ppg.Args, args=flags))
+    scalars = read_scalars(tmp_path / "runs" / run_name)
+    # 4 iterations in 2 phases of 2: one straight line from 5e-4, not restarted at the second phase
+    lrs = [value for _, value in scalars["charts/learning_rate"]]
+    assert lrs == pytest.approx([5e-4, 3.75e-4, 2.5e-4, 1.25e-4])
+    assert len(scalars["losses/aux/kl_loss"]) == 2
