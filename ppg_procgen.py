@@ -12,22 +12,30 @@ Run it:
     python ppg_procgen.py --eval-interval 1 --num-eval-envs 64   # evaluate on held-out levels every iteration
     python ppg_procgen.py --device cuda --capture-video      # on a GPU, with videos of the test env
     python ppg_procgen.py --total-timesteps 32768 --n-iteration 2 --num-envs 16 --num-steps 64   # a quick look on a CPU
+    python ppg_procgen.py --checkpoint-interval 32   # a checkpoint per phase; then --resume RUN or --eval-only FILE
+    torchrun --standalone --nproc_per_node 4 ppg_procgen.py   # 4 processes: GPUs (NCCL), or CPU (gloo)
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 --rdzv-id RUN \
+        --max-restarts 3 ppg_procgen.py --checkpoint-interval 32   # two nodes; a dead process restarts the job
     tensorboard --logdir runs                                # read the logs
 """
 
 import contextlib
+import copy
+import glob
 import io
 import os
 import random
+import signal
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Annotated, Literal
 
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.optim as optim
 import tyro
@@ -38,6 +46,11 @@ PROCGEN_GAMES = (
     "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
     "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
 )  # fmt: skip
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+# the flags a checkpoint must share with a run that loads it: they shape the network, and the rollout
+NETWORK_FLAGS = ("feature_dim", "hidden_dim", "arch")
+ROLLOUT_FLAGS = ("env_id", "distribution_mode", "num_levels", "start_level", "num_envs", "num_steps", "num_eval_envs",
+                 "n_iteration")  # fmt: skip
 
 
 @dataclass
@@ -63,6 +76,18 @@ class Args:
     """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
     tune_malloc: bool = True
     """keep glibc's freed memory for reuse instead of unmapping it (about 1.7x faster updates on CPU)"""
+    checkpoint_interval: int = 0
+    """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on SIGINT/SIGTERM)"""
+    keep_checkpoints: int = 3
+    """keep this many of the newest checkpoints"""
+    resume: str | None = None
+    """continue from a checkpoint, or from the newest one in a run directory; its flags become the defaults"""
+    eval_only: str | None = None
+    """evaluate a checkpoint or a `--save-model` file: print the mean and std of the returns, and exit"""
+    eval_episodes: int = 100
+    """the number of episodes `--eval-only` plays"""
+    eval_train_levels: bool = False
+    """make `--eval-only` play the training levels instead of the held-out test levels"""
 
     # Environment
     env_id: str = "starpilot"
@@ -125,6 +150,26 @@ class Args:
     """the size of the encoder's output (the dense layer after the IMPALA CNN)"""
     hidden_dim: int = 0
     """the size of a hidden layer in each head; 0 = linear heads, as in the papers"""
+    vtrace: bool = False
+    """recompute the advantages by V-trace before every epoch after the first, from the current policy's ratios"""
+    vtrace_rho_clip: float = 1.0
+    """the clip of the importance ratio rho that weights the V-trace TD errors"""
+    vtrace_c_clip: float = 1.0
+    """the clip of the trace ratio c that carries later TD errors back in V-trace"""
+    intrinsic_coef: float = 0.0
+    """the weight of RND's intrinsic reward, added to the extrinsic reward before GAE; 0 = off"""
+    pretraining: bool = False
+    """reward-free pretraining: the extrinsic reward is dropped and the intrinsic reward alone drives learning"""
+    rnd_update_proportion: float = 0.25
+    """the share of each minibatch that trains the RND predictor"""
+    init_model: Annotated[str | None, tyro.conf.arg(aliases=("--init-model-path",))] = None
+    """start from the weights of a checkpoint or saved model (after --pretraining, say), with a fresh optimizer"""
+    autocast: Literal["off", "bf16"] = "off"
+    """run the network in bfloat16 autocast (losses, ratios and the optimizer stay in fp32)"""
+    prio_alpha: float = 0.0
+    """prioritised minibatches of whole env segments, P ~ (sum of |advantage|)^alpha; 0 = off: each sample once"""
+    prio_beta0: float = 0.6
+    """the exponent of the importance weights (N P)^-beta at the start, annealed linearly to 1 over the run"""
     init_fn: Literal["orthogonal", "xavier_uniform", "xavier_normal", "normed"] = "normed"
     """the weight initialisation: orthogonal (CleanRL), xavier_* (rllte), normed (the PPG paper)"""
 
@@ -148,9 +193,23 @@ class Args:
     n_aux_grad_accum: Annotated[int, tyro.conf.arg(aliases=("--num-aux-grad-accum",))] = 1
     """the auxiliary minibatches whose gradients add up to one optimizer step (rllte: `num_aux_grad_accum`)"""
 
+    # Distributed (under torchrun)
+    backend: str | None = None
+    """the torch.distributed backend under torchrun: gloo on CPU, nccl on CUDA when None"""
+
     # Computed at runtime
     batch_size: tyro.conf.Suppress[int] = 0
     """the batch size (computed in runtime)"""
+    world_size: tyro.conf.Suppress[int] = 1
+    """the number of processes, from torchrun (computed in runtime)"""
+    rank: tyro.conf.Suppress[int] = 0
+    """the rank of this process (computed in runtime)"""
+    local_num_envs: tyro.conf.Suppress[int] = 0
+    """the envs of this process: num_envs / world_size (computed in runtime)"""
+    local_batch_size: tyro.conf.Suppress[int] = 0
+    """the batch of this process (computed in runtime)"""
+    local_minibatch_size: tyro.conf.Suppress[int] = 0
+    """the minibatch of this process (computed in runtime)"""
     num_iterations: tyro.conf.Suppress[int] = 0
     """the number of iterations (computed in runtime)"""
     aux_batch_rollouts: tyro.conf.Suppress[int] = 0
@@ -159,13 +218,18 @@ class Args:
     """the number of phases (computed in runtime)"""
 
 
+def arg_error(flag: str, rule: str):
+    """One line naming the flag and the rule it broke, exit status 2; no traceback for a user's mistake."""
+    print(f"{SCRIPT}.py: error: --{flag}: {rule}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def check_args(args: Args) -> None:
     """Stop with one line naming the flag and its rule before any work starts; fill the computed fields."""
 
     def require(ok: bool, flag: str, rule: str) -> None:
         if not ok:
-            print(f"{os.path.basename(sys.argv[0])}: error: --{flag}: {rule}", file=sys.stderr)
-            raise SystemExit(2)
+            arg_error(flag, rule)
 
     require(args.env_id in PROCGEN_GAMES, "env-id", f"unknown game {args.env_id!r}; one of {', '.join(PROCGEN_GAMES)}")
     for flag in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "feature_dim", "n_iteration",
@@ -187,10 +251,31 @@ def check_args(args: Args) -> None:
     require(args.clip_reward > 0, "clip-reward", "must be positive")
     require(args.beta_clone >= 0, "beta-clone", "must be >= 0")
     require(
-        not args.capture_video or args.eval_interval > 0,
+        not args.capture_video or args.eval_interval > 0 or args.eval_only is not None,
         "capture-video",
         "records the test env: needs --eval-interval > 0",
     )
+    require(args.checkpoint_interval >= 0, "checkpoint-interval", "must be >= 0")
+    require(args.vtrace_rho_clip > 0, "vtrace-rho-clip", "must be positive")
+    require(args.vtrace_c_clip > 0, "vtrace-c-clip", "must be positive")
+    require(args.prio_alpha >= 0, "prio-alpha", "must be >= 0")
+    require(args.intrinsic_coef >= 0, "intrinsic-coef", "must be >= 0")
+    require(
+        not args.pretraining or args.intrinsic_coef > 0,
+        "pretraining",
+        "needs an intrinsic reward: --intrinsic-coef > 0",
+    )
+    require(0 < args.rnd_update_proportion <= 1, "rnd-update-proportion", "must be in (0, 1]")
+    require(args.init_model is None or args.resume is None, "init-model", "cannot be combined with --resume")
+    require(0 <= args.prio_beta0 <= 1, "prio-beta0", "must be in [0, 1]")
+    require(args.keep_checkpoints > 0, "keep-checkpoints", "must be positive")
+    require(args.eval_episodes > 0, "eval-episodes", "must be positive")
+    require(args.resume is None or args.eval_only is None, "eval-only", "cannot be combined with --resume")
+    # [30] under torchrun, every process owns num_envs / world_size envs and its share of each minibatch
+    args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    for flag in ("num_envs", "num_eval_envs"):
+        require(getattr(args, flag) % args.world_size == 0, flag.replace("_", "-"),
+                f"must divide among the {args.world_size} processes of torchrun")  # fmt: skip
     args.batch_size = args.num_envs * args.num_steps
     if args.minibatch_size is None:
         require(args.batch_size % args.num_minibatches == 0, "num-minibatches",
@@ -201,11 +286,20 @@ def check_args(args: Args) -> None:
                 "minibatch-size", f"must divide the batch of num_envs x num_steps = {args.batch_size}")  # fmt: skip
         args.num_minibatches = args.batch_size // args.minibatch_size
     phase_steps = args.batch_size * args.n_iteration
+    require(args.minibatch_size % args.world_size == 0, "minibatch-size",
+            f"must divide among the {args.world_size} processes of torchrun")  # fmt: skip
+    args.local_num_envs = args.num_envs // args.world_size
+    args.local_batch_size = args.local_num_envs * args.num_steps
+    args.local_minibatch_size = args.minibatch_size // args.world_size
+    require(args.prio_alpha == 0 or args.local_num_envs % args.num_minibatches == 0, "prio-alpha",
+            "samples whole env segments: each process's envs must be a multiple of --num-minibatches")  # fmt: skip
     require(args.total_timesteps >= phase_steps, "total-timesteps",
             f"must hold at least one phase of num_envs x num_steps x n_iteration = {phase_steps}")  # fmt: skip
     args.num_phases = args.total_timesteps // phase_steps
     args.num_iterations = args.num_phases * args.n_iteration
     args.aux_batch_rollouts = args.num_envs * args.n_iteration
+    require(args.num_aux_rollouts % args.world_size == 0, "num-aux-rollouts",
+            f"must divide among the {args.world_size} processes of torchrun")  # fmt: skip
     require(args.aux_batch_rollouts % (args.num_aux_rollouts * args.n_aux_grad_accum) == 0, "num-aux-rollouts",
             f"x n_aux_grad_accum must divide the {args.aux_batch_rollouts} rollouts of a phase")  # fmt: skip
     needed, available = phase_buffer_bytes(args) / 2**30, available_memory(args.device) / 2**30
@@ -215,7 +309,7 @@ def check_args(args: Args) -> None:
 
 # [19] The phase buffer: every observation of a phase, kept as uint8 for the auxiliary phase.
 def phase_buffer_bytes(args: Args) -> int:
-    return args.num_steps * args.num_envs * args.n_iteration * (64 * 64 * 3 + 4)  # observations and returns
+    return args.num_steps * (args.num_envs // args.world_size) * args.n_iteration * (64 * 64 * 3 + 4)  # per process
 
 
 def available_memory(device: str) -> int:
@@ -403,6 +497,70 @@ def head(feature_dim, hidden_dim, out_dim, std, init_fn):
     )
 
 
+# [33] Random Network Distillation (Burda et al., 2018): novelty is the error of predicting a fixed random network.
+def rnd_cnn(out_layers):
+    """The RND paper's convolutions (8x8/4, 4x4/2, 3x3/1; 32, 64, 64 channels) on 64x64 RGB, then `out_layers`."""
+    convs = [nn.Conv2d(3, 32, 8, stride=4), nn.LeakyReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.LeakyReLU()]
+    convs += [nn.Conv2d(64, 64, 3, stride=1), nn.LeakyReLU(), nn.Flatten()]
+    return nn.Sequential(*[layer_init(m, np.sqrt(2)) if isinstance(m, nn.Conv2d) else m for m in convs], *out_layers)
+
+
+class RND(nn.Module):
+    """Target and predictor networks, and the running statistics RND normalises with (saved with the weights)."""
+
+    def __init__(self, num_envs, gamma):
+        super().__init__()
+        self.gamma = gamma
+        self.target = rnd_cnn([layer_init(nn.Linear(64 * 4 * 4, 512), np.sqrt(2))]).requires_grad_(False)
+        self.predictor = rnd_cnn([
+            layer_init(nn.Linear(64 * 4 * 4, 512), np.sqrt(2)), nn.ReLU(),
+            layer_init(nn.Linear(512, 512), np.sqrt(2)), nn.ReLU(),
+            layer_init(nn.Linear(512, 512), np.sqrt(2)),
+        ])  # fmt: skip
+        self.register_buffer("obs_mean", torch.zeros(3, 64, 64))
+        self.register_buffer("obs_var", torch.ones(3, 64, 64))
+        self.register_buffer("obs_count", torch.tensor(0.0))
+        self.register_buffer("return_mean", torch.tensor(0.0))
+        self.register_buffer("return_var", torch.tensor(1.0))
+        self.register_buffer("return_count", torch.tensor(0.0))
+        self.register_buffer("intrinsic_return", torch.zeros(num_envs))  # a running, non-episodic return per env
+
+    @staticmethod
+    def merge(mean, var, count, batch):
+        """Update a running mean and variance in place with a batch (Chan et al.'s parallel formula)."""
+        b_mean, b_var, b_count = batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
+        delta, total = b_mean - mean, count + b_count
+        var.copy_((var * count + b_var * b_count + delta**2 * count * b_count / total) / total)
+        mean.add_(delta * b_count / total)
+        count.fill_(total)
+
+    def normalise(self, x):
+        x = x.permute((0, 3, 1, 2)).float()
+        return ((x - self.obs_mean) / (self.obs_var + 1e-8).sqrt()).clamp(-5, 5)
+
+    def prediction_error(self, x):
+        """Per observation: the mean squared error of the predictor against the target, on normalised pixels."""
+        x = self.normalise(x)
+        return ((self.predictor(x) - self.target(x)) ** 2).mean(1)
+
+    @torch.no_grad()
+    def intrinsic_reward(self, obs, next_obs_seq, chunk):
+        """Rewards (T, N) for reaching `next_obs_seq`, over the std of their running discounted return; the
+        rollout's observations `obs` first update the observation statistics (in chunks, to bound memory)."""
+        flat = obs.flatten(0, 1)
+        for i in range(0, len(flat), chunk):
+            self.merge(self.obs_mean, self.obs_var, self.obs_count, flat[i : i + chunk].permute((0, 3, 1, 2)).float())
+        flat = next_obs_seq.flatten(0, 1)
+        error = torch.cat([self.prediction_error(flat[i : i + chunk]) for i in range(0, len(flat), chunk)])
+        error = error.view(next_obs_seq.shape[:2])
+        returns = []
+        for t in range(len(error)):
+            self.intrinsic_return.mul_(self.gamma).add_(error[t])
+            returns.append(self.intrinsic_return.clone())
+        self.merge(self.return_mean, self.return_var, self.return_count, torch.cat(returns))
+        return error / (self.return_var + 1e-8).sqrt()
+
+
 class Agent(nn.Module):
     def __init__(self, args: Args, num_actions: int):
         super().__init__()
@@ -417,6 +575,12 @@ class Agent(nn.Module):
             self.value_network = impala_cnn(args.feature_dim, args.init_fn)
         # [21] The auxiliary value head on the policy's features: distils value knowledge into the policy network.
         self.aux_critic = head(args.feature_dim, args.hidden_dim, 1, critic_std, args.init_fn)
+        self.bf16 = args.autocast == "bf16"
+        self.rnd = RND(args.num_envs // args.world_size, args.gamma) if args.intrinsic_coef > 0 else None
+
+    def amp(self, x):
+        """[31] bf16 autocast of the network when asked; its outputs go back to fp32 before any loss."""
+        return torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def value_hidden(self, x, hidden):
         """The critic's input: its own network (dual), or the policy's features, detached (detach) or not (shared)."""
@@ -426,40 +590,55 @@ class Agent(nn.Module):
 
     def get_value(self, x):
         x = x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
-        hidden = self.value_network(x) if self.arch == "dual" else self.network(x)
-        return self.critic(hidden)
+        with self.amp(x):
+            hidden = self.value_network(x) if self.arch == "dual" else self.network(x)
+            value = self.critic(hidden)
+        return value.float()
 
     def get_action_and_value(self, x, action=None):
         x = x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
-        hidden = self.network(x)
-        logits = self.actor(hidden)
-        probs = Categorical(logits=logits)
+        with self.amp(x):
+            hidden = self.network(x)
+            logits = self.actor(hidden)
+            value = self.critic(self.value_hidden(x, hidden))
+        probs = Categorical(logits=logits.float())
         if action is None:
             action = probs.sample()
-        return action, probs.log_prob(action), probs.entropy(), self.critic(self.value_hidden(x, hidden))
+        return action, probs.log_prob(action), probs.entropy(), value.float()
 
     def get_pi(self, x):
         """The policy's logits alone (the old policy of the auxiliary phase)."""
-        return self.actor(self.network(x.permute((0, 3, 1, 2)) / 255.0))
+        x = x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
+        with self.amp(x):
+            logits = self.actor(self.network(x))
+        return logits.float()
 
     def get_pi_value_and_aux_value(self, x):
         x = x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
-        hidden = self.network(x)
-        return (
-            Categorical(logits=self.actor(hidden)),
-            self.critic(self.value_hidden(x, hidden)),
-            self.aux_critic(hidden),
-        )
+        with self.amp(x):
+            hidden = self.network(x)
+            logits, value, aux_value = (
+                self.actor(hidden),
+                self.critic(self.value_hidden(x, hidden)),
+                self.aux_critic(hidden),
+            )
+        return Categorical(logits=logits.float()), value.float(), aux_value.float()
 
 
-# [10] Generalized Advantage Estimation (Schulman et al., 2016).
-def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+# [10] Generalized Advantage Estimation (Schulman et al., 2016), and [28] its V-trace form.
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda, ratio=None, rho_clip=1.0, c_clip=1.0):
     """Advantages and returns of a rollout, all tensors (num_steps, num_envs).
 
     `dones[t]` is 1 when `obs[t]` starts a new episode (the step before it ended one); `next_value`
     and `next_done` belong to the observation after the last step and bootstrap the tail.
+    With `ratio` (pi_new / pi_old of the actions taken), the V-trace form of Metta's PPO loss
+    (Espeholt et al., 2018): delta_t = rho_t (r_t + gamma V_t+1 (1 - d_t+1) - V_t) and
+    A_t = delta_t + gamma lambda c_t (1 - d_t+1) A_t+1, rho and c the ratio clipped at `rho_clip`
+    and `c_clip`. Without it rho = c = 1: GAE, bit for bit.
     """
     num_steps = rewards.shape[0]
+    rho = torch.ones_like(rewards) if ratio is None else ratio.clamp(max=rho_clip)
+    c = torch.ones_like(rewards) if ratio is None else ratio.clamp(max=c_clip)
     advantages = torch.zeros_like(rewards)
     lastgaelam = 0
     for t in reversed(range(num_steps)):
@@ -469,33 +648,68 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
         else:
             nextnonterminal = 1.0 - dones[t + 1]
             nextvalues = values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
-        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+        delta = rho[t] * (rewards[t] + gamma * nextvalues * nextnonterminal - values[t])
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * c[t] * nextnonterminal * lastgaelam
     return advantages, advantages + values
 
 
+def weighted_mean(x, weights=None):
+    """The mean, or with [29]'s importance weights the weighted mean sum(w x) / n."""
+    return x.mean() if weights is None else (weights * x).mean()
+
+
 # [13] The clipped surrogate objective, as a loss to minimise.
-def clipped_policy_loss(logratio, advantages, clip_coef):
+def clipped_policy_loss(logratio, advantages, clip_coef, weights=None):
     ratio = logratio.exp()
     pg_loss1 = -advantages * ratio
     pg_loss2 = -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)
-    return torch.max(pg_loss1, pg_loss2).mean()
+    return weighted_mean(torch.max(pg_loss1, pg_loss2), weights)
 
 
 # [14] Value loss, clipped around the rollout's values by its own range (None: plain squared error).
-def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
+def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf, weights=None):
     v_loss_unclipped = (newvalue - returns) ** 2
     if clip_range_vf is None:
-        return 0.5 * v_loss_unclipped.mean()
+        return 0.5 * weighted_mean(v_loss_unclipped, weights)
     v_clipped = oldvalue + torch.clamp(newvalue - oldvalue, -clip_range_vf, clip_range_vf)
     v_loss_clipped = (v_clipped - returns) ** 2
-    return 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    return 0.5 * weighted_mean(torch.max(v_loss_unclipped, v_loss_clipped), weights)
 
 
 # [12] Minibatches: a fresh shuffle of the whole batch every epoch.
 def minibatch_indices(batch_size, minibatch_size):
     b_inds = np.random.permutation(batch_size)
     return [b_inds[start : start + minibatch_size] for start in range(0, batch_size, minibatch_size)]
+
+
+# [29] Prioritised sampling of env segments (Metta's PPO loss; Schaul et al., 2016).
+def prioritized_segments(priorities, num_minibatches, alpha, beta):
+    """Segment indices (num_minibatches, segments per minibatch) and their importance weights.
+
+    alpha = 0: every segment exactly once, in a random order, weight 1. alpha > 0: independent draws with
+    P(i) = p_i^alpha / sum_j p_j^alpha, weighted by (N P(i))^-beta. The weights are not divided by their
+    maximum (Metta's choice, not Schaul et al.'s): at beta = 1 they average to 1 under P, so the weighted
+    loss estimates the uniform loss at its own scale, and the step size does not shrink with the rarest segment.
+    """
+    n = len(priorities)
+    if alpha == 0:
+        return np.random.permutation(n).reshape(num_minibatches, -1), np.ones((num_minibatches, n // num_minibatches))
+    scaled = (np.asarray(priorities, dtype=np.float64) + 1e-8) ** alpha
+    probs = scaled / scaled.sum()
+    draws = np.random.choice(n, size=(num_minibatches, n // num_minibatches), p=probs)
+    return draws, (n * probs[draws]) ** -beta
+
+
+def minibatches(advantages, args: Args, beta):
+    """[12] Shuffled samples, weight None; or [29] whole env segments (columns of the rollout) by priority."""
+    if args.prio_alpha == 0:
+        return [(mb_inds, None) for mb_inds in minibatch_indices(args.local_batch_size, args.local_minibatch_size)]
+    envs, weights = prioritized_segments(
+        advantages.abs().sum(0).cpu().numpy(), args.num_minibatches, args.prio_alpha, beta
+    )
+    steps = np.arange(args.num_steps)[:, None] * args.local_num_envs  # sample t * num_envs + env of the batch
+    weights = torch.as_tensor(weights, dtype=torch.float32, device=advantages.device)
+    return [((steps + e).reshape(-1), w.repeat(args.num_steps)) for e, w in zip(envs, weights, strict=True)]
 
 
 # [22] Behaviour cloning term of the auxiliary phase: KL(old policy || new policy).
@@ -509,15 +723,15 @@ def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args):
 
     `aux_obs` is (num_steps, rollouts, 64, 64, 3) uint8 and `aux_returns` (num_steps, rollouts).
     """
-    num_rollouts = aux_obs.shape[1]
+    num_rollouts, mb_rollouts = aux_obs.shape[1], args.num_aux_rollouts // args.world_size  # this process's share
     # the old policy: its logits for the whole buffer, before any auxiliary step
     with torch.no_grad():
-        chunks = [aux_obs[:, i : i + args.num_aux_rollouts] for i in range(0, num_rollouts, args.num_aux_rollouts)]
+        chunks = [aux_obs[:, i : i + mb_rollouts] for i in range(0, num_rollouts, mb_rollouts)]
         aux_logits = torch.cat([agent.get_pi(c.flatten(0, 1)).unflatten(0, c.shape[:2]) for c in chunks], dim=1)
     stats = {"kl_loss": [], "aux_value_loss": [], "real_value_loss": []}
     optimizer.zero_grad()
     for _epoch in range(args.e_auxiliary):
-        for i, mb_inds in enumerate(minibatch_indices(num_rollouts, args.num_aux_rollouts)):
+        for i, mb_inds in enumerate(minibatch_indices(num_rollouts, mb_rollouts)):
             m_obs = aux_obs[:, mb_inds].reshape(-1, 64, 64, 3)
             m_returns = aux_returns[:, mb_inds].reshape(-1)
             m_logits = aux_logits[:, mb_inds].reshape(-1, aux_logits.shape[-1])
@@ -529,6 +743,7 @@ def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args):
             # gradients of n_aux_grad_accum minibatches add up before a step; zeroed only after it
             (loss / args.n_aux_grad_accum).backward()
             if (i + 1) % args.n_aux_grad_accum == 0:
+                all_reduce_grads(agent.parameters(), args.world_size)
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad()
@@ -538,32 +753,276 @@ def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args):
                 ("real_value_loss", real_value_loss),
             ):
                 stats[key].append(value.item())
-    return {key: float(np.mean(values)) for key, values in stats.items()}
+    return dict(zip(stats, rank_reduce([float(np.mean(v)) for v in stats.values()], args.world_size), strict=True))
 
 
-def log_episodes(writer, infos, global_step, tag, recent_returns):
-    """[4] Log every episode that ended in a step, not only the first."""
+def log_episodes(episodes, infos, global_step, tag):
+    """[4] Keep every episode that ended in a step, not only the first; they are logged once per iteration."""
     if "episode" not in infos:
         return
     for r, l in zip(infos["episode"]["r"][infos["_episode"]], infos["episode"]["l"][infos["_episode"]], strict=True):
-        writer.add_scalar(f"charts/{tag}episodic_return", r, global_step)
-        writer.add_scalar(f"charts/{tag}episodic_length", l, global_step)
-        recent_returns.append(float(r))
+        episodes.append((tag, global_step, float(r), int(l)))
+
+
+# [30] Data parallelism under torchrun: one flattened all-reduce of the gradients per step, global statistics.
+def all_reduce_grads(params, world_size):
+    """Average the gradients over the processes, in one all-reduce of all of them flattened together."""
+    if world_size == 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def global_mean_std(x, world_size):
+    """The mean and the (unbiased) std of `x` over the batches of all processes together."""
+    if world_size == 1:
+        return x.mean(), x.std()
+    stats = torch.stack([x.sum(), (x * x).sum(), torch.tensor(float(x.numel()), device=x.device)]).double()
+    dist.all_reduce(stats)
+    total, total_sq, n = stats
+    mean = total / n
+    return mean.to(x.dtype), ((total_sq - n * mean**2) / (n - 1)).clamp(min=0).sqrt().to(x.dtype)
+
+
+def rank_reduce(values, world_size, mean=True):
+    """Per-process floats (a list) reduced over the processes: their mean, or (mean=False) their maximum."""
+    if world_size == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if mean else dist.ReduceOp.MAX)
+    return (tensor / world_size if mean else tensor).tolist()
+
+
+def gather_objects(obj, world_size, everywhere=True):
+    """Every process's `obj` in a list: on every process, or (everywhere=False) on rank 0 only."""
+    if world_size == 1:
+        return [obj]
+    out = [None] * world_size if everywhere or dist.get_rank() == 0 else None
+    if everywhere:
+        dist.all_gather_object(out, obj)
+    else:
+        dist.gather_object(obj, out, dst=0)
+    return out
+
+
+class NullWriter:
+    """The TensorBoard writer of processes other than rank 0: they log nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def load_weights(agent, path, flag):
+    """Load a checkpoint's or a saved model's weights; RND's may be missing or extra (fine-tuning after
+    pretraining drops it); anything else that does not fit is a one-line error naming the file."""
+    path, weights = load_checkpoint(path, flag)
+    weights = weights["model"] if isinstance(weights, dict) and "model" in weights else weights
+    own = agent.state_dict()  # RND's per-env state is sized by the process count of its run: not carried over
+    if isinstance(weights, dict):
+        weights = {
+            k: v for k, v in weights.items() if not k.startswith("rnd.") or getattr(own.get(k), "shape", 0) == v.shape
+        }
+    try:
+        missing, unexpected = agent.load_state_dict(weights, strict=False)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        problem = str(exc).strip().splitlines()[-1].strip()
+        arg_error(flag, f"{path}: the weights do not fit this network ({problem[:200]})")
+    other = [k for k in missing + unexpected if not k.startswith("rnd.")]
+    if other:
+        arg_error(flag, f"{path}: the weights do not fit this network (keys {', '.join(other[:3])} ...)")
+    return path
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` is CUDA when available; under torchrun each process takes the GPU of its local rank."""
+    name = ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+    return torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}") if name == "cuda" else torch.device(name)
+
+
+# [25] Checkpoints: everything a run needs to continue exactly, procgen's games included, written atomically.
+def env_state(envs):
+    """Procgen's game states (exact: its level generator too) and the statistics of every wrapper around it."""
+    state, env = [], envs
+    while isinstance(env, gym.vector.VectorWrapper):
+        kept = (np.ndarray, deque, gym.wrappers.utils.RunningMeanStd, int, float)
+        state.append({k: copy.deepcopy(v) for k, v in vars(env).items() if isinstance(v, kept)})
+        env = env.env
+    return {"wrappers": state, "procgen": env.env.get_state(), "video_episode": env.video_episode}
+
+
+def set_env_state(envs, state):
+    env = envs
+    for wrapper_state in state["wrappers"]:
+        vars(env).update(copy.deepcopy(wrapper_state))
+        env = env.env
+    env.env.set_state(state["procgen"])
+    env.video_episode = state["video_episode"]
+
+
+def rng_state():
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_state(state):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run_dir, name, state, keep=None):
+    """Write to a temporary file, flush it to disk, then rename: a kill at any moment leaves the old files whole."""
+    os.makedirs(f"{run_dir}/checkpoints", exist_ok=True)
+    path = f"{run_dir}/checkpoints/{name}"
+    with open(path + ".tmp", "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    for old in sorted(glob.glob(f"{run_dir}/checkpoints/iter_*.pt"))[: -keep if keep else 0]:
+        os.remove(old)
+    return path
+
+
+def load_checkpoint(path, flag):
+    """A checkpoint file, or the newest `iter_*.pt` of a run directory; a one-line error for anything else."""
+    if os.path.isdir(path):
+        found = sorted(glob.glob(f"{path}/checkpoints/iter_*.pt") + glob.glob(f"{path}/iter_*.pt"))
+        if not found:
+            arg_error(flag, f"{path}: no checkpoint (checkpoints/iter_*.pt) in this run directory")
+        path = found[-1]
+    if not os.path.isfile(path):
+        arg_error(flag, f"{path}: no such file")
+    try:  # only load files you trust: a checkpoint holds pickled random states
+        return path, torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as exc:  # a truncated or foreign file fails somewhere in torch's zip or pickle layers
+        arg_error(flag, f"{path}: not a readable checkpoint, truncated or another format ({type(exc).__name__})")
+
+
+def check_checkpoint(path, ckpt, args: Args, flags, flag):
+    """Refuse a checkpoint of the other script, or one whose network or rollout sizes differ, naming what differs."""
+    if not isinstance(ckpt, dict) or "args" not in ckpt:
+        arg_error(flag, f"{path}: not a checkpoint of these scripts")
+    if ckpt.get("script") != SCRIPT:
+        arg_error(flag, f"{path}: written by {ckpt.get('script')}.py, not {SCRIPT}.py")
+    for key in flags:
+        if ckpt["args"][key] != getattr(args, key):
+            dashed = key.replace("_", "-")
+            arg_error(flag, f"{path}: made with --{dashed} {ckpt['args'][key]}, this run has {getattr(args, key)}")
+
+
+class GracefulStop:
+    """SIGINT/SIGTERM: finish the iteration, write a checkpoint and exit; a second signal exits at once."""
+
+    def __init__(self):
+        self.signum = None
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            print(f"\n{name} again: exiting now, without a checkpoint", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.signum = signum
+        print(f"\n{name}: finishing this iteration, then writing a checkpoint ({name} again exits at once)",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+# [27] Evaluation of a saved agent: the first episodes of every env, so that short episodes are not favoured.
+def evaluate(agent, envs, num_episodes, device):
+    """Returns of `num_episodes` episodes: env i plays its first quota[i] of them, whatever their lengths."""
+    quota = np.full(envs.num_envs, num_episodes // envs.num_envs)
+    quota[: num_episodes % envs.num_envs] += 1
+    finished, returns = np.zeros(envs.num_envs, dtype=int), []
+    next_obs = torch.as_tensor(envs.reset()[0], device=device)
+    while (finished < quota).any():
+        with torch.no_grad():
+            action = agent.get_action_and_value(next_obs)[0]
+        next_obs, _, _, _, infos = envs.step(action.cpu().numpy())
+        next_obs = torch.as_tensor(next_obs, device=device)
+        for i in np.nonzero(infos.get("_episode", []))[0]:
+            if finished[i] < quota[i]:
+                returns.append(float(infos["episode"]["r"][i]))
+                finished[i] += 1
+    return returns
+
+
+def evaluate_saved(args: Args):
+    """`--eval-only PATH`: load a checkpoint or a `--save-model` file and report its episodic returns."""
+    path, ckpt = load_checkpoint(args.eval_only, "eval-only")
+    if isinstance(ckpt, dict) and "model" in ckpt:
+        check_checkpoint(path, ckpt, args, NETWORK_FLAGS, "eval-only")
+    agent = Agent(args, 15)
+    load_weights(agent, path, "eval-only")
+    device = resolve_device(args.device)
+    agent = agent.to(device)
+    levels = (args.num_levels, args.start_level) if args.eval_train_levels else (0, 0)
+    video_dir = f"videos/eval__{SCRIPT}__{args.seed}__{int(time.time())}" if args.capture_video else None
+    num_envs = min(args.num_eval_envs, args.eval_episodes)
+    envs = make_env(args, num_envs, *levels, args.seed + 2_000_003, train=False, video_dir=video_dir)
+    returns = evaluate(agent, envs, args.eval_episodes, device)
+    envs.close()
+    where = "training" if args.eval_train_levels else "test"
+    print(
+        f"{path}: episodic return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} {where} episodes"
+    )
+    return returns
 
 
 def train(args: Args):
+    given = asdict(args)  # the flags as given: checkpoints keep them, `--resume` makes them the defaults
     check_args(args)
     if args.tune_malloc:
         tune_malloc()
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if args.track:
+    # [26] a non-finite network output must reach the divergence guard, not raise inside torch.distributions
+    torch.distributions.Distribution.set_default_validate_args(False)
+    if args.eval_only is not None:
+        return evaluate_saved(args)
+    device = resolve_device(args.device)
+    if args.world_size > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
+    # under torchrun every process, and every restart of the job, agrees on the run's name
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{os.environ.get('TORCHELASTIC_RUN_ID', int(time.time()))}"
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and glob.glob(f"runs/{run_name}/checkpoints/iter_*"):
+        args.resume = args.resume or f"runs/{run_name}"  # [30] torchrun restarted the job: continue its run
+    ckpt = None
+    if args.resume is not None:
+        resume_path, ckpt = load_checkpoint(args.resume, "resume")
+        check_checkpoint(resume_path, ckpt, args, NETWORK_FLAGS + ROLLOUT_FLAGS, "resume")
+        if ckpt.get("diagnostic"):
+            arg_error("resume", f"{resume_path}: a diagnostic checkpoint of a diverged run; resume from an iter_*.pt")
+        if len(ckpt["ranks"]) != args.world_size:
+            arg_error(
+                "resume", f"{resume_path}: made by {len(ckpt['ranks'])} processes, this run has {args.world_size}"
+            )
+        run_name = ckpt["run_name"]
+    if args.track and args.rank == 0:
         import wandb
 
         wandb.init(
             project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
             config=vars(args), name=run_name, monitor_gym=True, save_code=True,
         )  # fmt: skip
-    writer = SummaryWriter(f"runs/{run_name}")
+    # on resume, the log continues: events after the checkpoint's step, left by the interrupted run, are dropped
+    writer = (
+        SummaryWriter(f"runs/{run_name}", purge_step=ckpt["global_step"] + 1 if ckpt else None)
+        if args.rank == 0
+        else NullWriter()
+    )
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
@@ -571,81 +1030,123 @@ def train(args: Args):
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
-    np.random.seed(args.seed)
+    np.random.seed(args.seed + args.rank)  # each process shuffles its own minibatches
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = (
-        torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if args.device == "auto"
-        else torch.device(args.device)
-    )
 
-    # env setup: [3] training levels [start_level, start_level + num_levels), test on all levels
-    envs = make_env(args, args.num_envs, args.num_levels, args.start_level, args.seed, train=True)
+    # env setup: [3] training levels [start_level, start_level + num_levels), test on all levels; every process
+    # plays its own levels
+    env_seed = args.seed + 7919 * args.rank
+    envs = make_env(args, args.local_num_envs, args.num_levels, args.start_level, env_seed, train=True)
     if args.eval_interval > 0:
-        video_dir = f"videos/{run_name}" if args.capture_video else None
-        test_envs = make_env(args, args.num_eval_envs, 0, 0, args.seed + 1_000_003, train=False, video_dir=video_dir)
+        video_dir = f"videos/{run_name}" if args.capture_video and args.rank == 0 else None
+        test_envs = make_env(args, args.num_eval_envs // args.world_size, 0, 0, env_seed + 1_000_003, train=False,
+                             video_dir=video_dir)  # fmt: skip
         test_obs = torch.as_tensor(test_envs.reset()[0], device=device)
 
-    agent = Agent(args, envs.single_action_space.n).to(device)
+    agent = Agent(args, envs.single_action_space.n)
+    if args.init_model is not None:  # [33] e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
+        load_weights(agent, args.init_model, "init-model")
+    agent = agent.to(device)
+    if args.world_size > 1:  # [30] the same starting weights everywhere
+        for p in agent.parameters():
+            dist.broadcast(p.data, src=0)
+    torch.manual_seed(args.seed + args.rank)  # ... but each process samples its own actions
     # [8] Adam with epsilon 1e-5 rather than PyTorch's 1e-8, as in the reference PPO code.
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
 
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
-    obs = torch.zeros((args.num_steps, args.num_envs, 64, 64, 3), dtype=torch.uint8).to(device)
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long).to(device)
-    logprobs = torch.zeros((args.num_steps, args.num_envs)).to(device)
-    rewards = torch.zeros((args.num_steps, args.num_envs)).to(device)
-    dones = torch.zeros((args.num_steps, args.num_envs)).to(device)
-    values = torch.zeros((args.num_steps, args.num_envs)).to(device)
-    aux_obs = torch.zeros((args.num_steps, args.aux_batch_rollouts, 64, 64, 3), dtype=torch.uint8).to(device)
-    aux_returns = torch.zeros((args.num_steps, args.aux_batch_rollouts)).to(device)
-    print(f"phase buffer: {phase_buffer_bytes(args) / 2**30:.2f} GiB on {device}")
+    obs = torch.zeros((args.num_steps, args.local_num_envs, 64, 64, 3), dtype=torch.uint8).to(device)
+    actions = torch.zeros((args.num_steps, args.local_num_envs), dtype=torch.long).to(device)
+    logprobs = torch.zeros((args.num_steps, args.local_num_envs)).to(device)
+    rewards = torch.zeros((args.num_steps, args.local_num_envs)).to(device)
+    dones = torch.zeros((args.num_steps, args.local_num_envs)).to(device)
+    values = torch.zeros((args.num_steps, args.local_num_envs)).to(device)
+    aux_obs = torch.zeros((args.num_steps, args.local_num_envs * args.n_iteration, 64, 64, 3), dtype=torch.uint8).to(
+        device
+    )
+    aux_returns = torch.zeros((args.num_steps, args.local_num_envs * args.n_iteration)).to(device)
+    if args.rank == 0:
+        print(f"phase buffer: {phase_buffer_bytes(args) / 2**30:.2f} GiB on {device}")
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
     start_time = time.time()
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, device=device)
-    next_done = torch.zeros(args.num_envs).to(device)
+    next_done = torch.zeros(args.local_num_envs).to(device)
     recent_returns, recent_test_returns = deque(maxlen=100), deque(maxlen=100)
+    start_iteration = 1
+    if ckpt:  # [25] continue exactly: weights, optimizer, games, wrapper statistics, random states, counters
+        agent.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        mine = ckpt["ranks"][args.rank]  # what belongs to this process: its envs and random states
+        set_env_state(envs, mine["envs"])
+        next_obs, next_done = mine["next_obs"].to(device), mine["next_done"].to(device)
+        if args.eval_interval > 0 and mine["test_envs"] is not None:
+            set_env_state(test_envs, mine["test_envs"])
+            test_obs = mine["test_obs"].to(device)
+        aux_obs[:, : mine["aux_obs"].shape[1]] = mine["aux_obs"].to(device)
+        aux_returns[:, : mine["aux_returns"].shape[1]] = mine["aux_returns"].to(device)
+        set_rng_state(mine["rng"])
+        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        if args.rank == 0:
+            print(f"resumed from {resume_path}: iteration {ckpt['iteration']}, step {global_step}")
+    start_step = global_step
+    stop = GracefulStop()
 
-    for iteration in range(1, args.num_iterations + 1):
-        iteration_start = time.time()
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        iteration_start, episodes = time.time(), []
+        last_good = {"iteration": iteration - 1, "model": copy.deepcopy(agent.state_dict()),
+                     "optimizer": copy.deepcopy(optimizer.state_dict())}  # fmt: skip
         # [9] Learning-rate annealing over the whole run, when on.
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
             optimizer.param_groups[0]["lr"] = lrnow
 
+        env_time = inference_time = 0.0  # [32] where the time goes, logged as perf/*
         for step in range(0, args.num_steps):
             global_step += args.num_envs
             obs[step] = next_obs
             dones[step] = next_done
 
             # ALGO LOGIC: action logic
+            tick = time.perf_counter()
             with torch.no_grad():
                 action, logprob, _, value = agent.get_action_and_value(next_obs)
                 values[step] = value.flatten()
             actions[step] = action
             logprobs[step] = logprob
+            action = action.cpu().numpy()
+            inference_time += time.perf_counter() - tick
 
             # TRY NOT TO MODIFY: execute the game and log data.
-            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            tick = time.perf_counter()
+            next_obs, reward, terminations, truncations, infos = envs.step(action)
+            env_time += time.perf_counter() - tick
             rewards[step] = torch.as_tensor(reward, device=device).view(-1)
             next_obs = torch.as_tensor(next_obs, device=device)
             next_done = torch.as_tensor(np.logical_or(terminations, truncations), device=device, dtype=torch.float32)
-            log_episodes(writer, infos, global_step, "", recent_returns)
+            log_episodes(episodes, infos, global_step, "")
 
         # [3] Held-out evaluation: the same stochastic policy on levels it never trains on.
+        eval_start = time.perf_counter()
         if args.eval_interval > 0 and iteration % args.eval_interval == 0:
             for _ in range(args.num_steps):
                 with torch.no_grad():
                     test_action = agent.get_action_and_value(test_obs)[0]
                 test_obs, _, _, _, test_infos = test_envs.step(test_action.cpu().numpy())
                 test_obs = torch.as_tensor(test_obs, device=device)
-                log_episodes(writer, test_infos, global_step, "test_", recent_test_returns)
+                log_episodes(episodes, test_infos, global_step, "test_")
 
+        eval_time, update_start = time.perf_counter() - eval_start, time.perf_counter()
+        # [33] RND: the intrinsic reward joins the extrinsic one before GAE (rllte adds it after GAE, where it never
+        # reaches the update); in pretraining it replaces it
+        if args.intrinsic_coef > 0:
+            next_obs_seq = torch.cat([obs[1:], next_obs[None]])  # the observation each step led to
+            intrinsic = agent.rnd.intrinsic_reward(obs, next_obs_seq, args.local_minibatch_size)
+            rewards.mul_(0.0 if args.pretraining else 1.0).add_(args.intrinsic_coef * intrinsic)
         # bootstrap value if not done
         with torch.no_grad():
             next_value = agent.get_value(next_obs).reshape(1, -1)
@@ -657,22 +1158,38 @@ def train(args: Args):
         b_obs = obs.reshape((-1, 64, 64, 3))
         b_logprobs = logprobs.reshape(-1)
         b_actions = actions.reshape(-1)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
         b_values = values.reshape(-1)
-        # [11] Advantage normalisation over the whole batch (OpenAI's PPG code), not per minibatch as in CleanRL.
-        if args.norm_adv:
-            b_advantages = (b_advantages - b_advantages.mean()) / (b_advantages.std() + 1e-8)
 
         # [19] Keep the rollout for the auxiliary phase, in the slot of this iteration of the phase.
         slot = (iteration - 1) % args.n_iteration
-        aux_obs[:, slot * args.num_envs : (slot + 1) * args.num_envs] = obs
-        aux_returns[:, slot * args.num_envs : (slot + 1) * args.num_envs] = returns
+        aux_obs[:, slot * args.local_num_envs : (slot + 1) * args.local_num_envs] = obs
+        aux_returns[:, slot * args.local_num_envs : (slot + 1) * args.local_num_envs] = returns
 
         # Optimizing the policy and value network
-        clipfracs = []
+        clipfracs, rho_clipfracs, mb_weight_means = [], [], []
+        beta = args.prio_beta0 + (1 - args.prio_beta0) * (iteration - 1) / max(1, args.num_iterations - 1)
         for epoch in range(max(args.e_policy, args.v_value)):
-            for mb_inds in minibatch_indices(args.batch_size, args.minibatch_size):
+            # [28] V-trace: from the second epoch on, the current policy's ratios reweight the TD errors
+            # (once per epoch, by one pass over the batch; in the first epoch the ratio is 1, and this is GAE)
+            if args.vtrace and epoch > 0:
+                with torch.no_grad():
+                    mbs = args.local_minibatch_size  # the pass goes in minibatch-sized chunks, like the update
+                    newlogprob = torch.cat(
+                        [agent.get_action_and_value(b_obs[i : i + mbs], b_actions[i : i + mbs])[1]
+                         for i in range(0, args.local_batch_size, mbs)]
+                    )  # fmt: skip
+                    ratio = (newlogprob - b_logprobs).exp().view(args.num_steps, args.local_num_envs)
+                    clips = (args.vtrace_rho_clip, args.vtrace_c_clip)
+                    advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma,
+                                                      args.gae_lambda, ratio, *clips)  # fmt: skip
+                    rho_clipfracs.append((ratio > args.vtrace_rho_clip).float().mean().item())
+            b_advantages = advantages.reshape(-1)
+            b_returns = returns.reshape(-1)
+            # [11] Advantage normalisation over the whole batch (OpenAI's PPG code), not per minibatch as in CleanRL.
+            if args.norm_adv:  # [30] with the mean and std of all processes' batches
+                b_mean, b_std = global_mean_std(b_advantages, args.world_size)
+                b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
+            for mb_inds, mb_weights in minibatches(advantages, args, beta):
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()
@@ -683,46 +1200,76 @@ def train(args: Args):
                     approx_kl = ((ratio - 1) - logratio).mean()
                     clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean().item()]
 
-                pg_loss = clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef)
+                pg_loss = clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef, mb_weights)
                 v_clip = args.clip_range_vf if args.clip_vloss else None
-                v_loss = clipped_value_loss(newvalue.view(-1), b_values[mb_inds], b_returns[mb_inds], v_clip)
+                v_loss = clipped_value_loss(
+                    newvalue.view(-1), b_values[mb_inds], b_returns[mb_inds], v_clip, mb_weights
+                )
+                if mb_weights is not None:
+                    mb_weight_means.append(mb_weights.mean().item())
                 entropy_loss = entropy.mean()  # [15] entropy bonus, keeps exploring
+                rnd_loss = torch.zeros((), device=device)
+                if args.intrinsic_coef > 0:  # [33] the predictor learns on a random share of each minibatch
+                    share = torch.rand(len(mb_inds), device=device) < args.rnd_update_proportion
+                    rnd_loss = (agent.rnd.prediction_error(b_obs[mb_inds]) * share).sum() / share.sum().clamp(min=1)
                 # [24] E_pi policy epochs and E_V value epochs share their minibatch passes
                 loss = (pg_loss - args.ent_coef * entropy_loss) * (epoch < args.e_policy) + v_loss * args.vf_coef * (
                     epoch < args.v_value
                 )
+                loss = loss + rnd_loss
 
                 optimizer.zero_grad()
                 loss.backward()
+                all_reduce_grads(agent.parameters(), args.world_size)
                 # [16] Global gradient-norm clipping.
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
 
             # [17] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
-            if args.target_kl is not None and approx_kl > args.target_kl:
+            if args.target_kl is not None and rank_reduce([approx_kl.item()], args.world_size)[0] > args.target_kl:
                 break
 
         y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+        update_time = time.perf_counter() - update_start
         var_y = np.var(y_true)
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
-        # TRY NOT TO MODIFY: record rewards for plotting purposes
+        # TRY NOT TO MODIFY: record rewards for plotting purposes; [30] statistics are averaged over the processes
+        # and every process's episodes are logged
+        stats = {
+            "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
+            "losses/entropy": entropy_loss.item(), "losses/old_approx_kl": old_approx_kl.item(),
+            "losses/approx_kl": approx_kl.item(), "losses/clipfrac": np.mean(clipfracs),
+            "losses/explained_variance": explained_var,
+        }  # fmt: skip
+        if args.vtrace:  # the share of importance ratios above the clip, over the recomputing epochs
+            stats["losses/vtrace_rho_clipfrac"] = np.mean(rho_clipfracs or [0.0])
+        if args.intrinsic_coef > 0:  # the mean normalised intrinsic reward, and the predictor's loss
+            stats["charts/intrinsic_reward"], stats["losses/rnd_loss"] = intrinsic.mean().item(), rnd_loss.item()
+        if args.prio_alpha > 0:  # the mean importance weight of the sampled segments
+            stats["losses/prio_mean_weight"] = np.mean(mb_weight_means)
+            writer.add_scalar("charts/prio_beta", beta, global_step)
+        for tag, value in zip(stats, rank_reduce(list(stats.values()), args.world_size), strict=True):
+            writer.add_scalar(tag, value, global_step)
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-        writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-        writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-        writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-        writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-        writer.add_scalar("losses/clipfrac", np.mean(clipfracs), global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        sps = int(global_step / (time.time() - start_time))
+        parts = {"env": env_time, "inference": inference_time, "eval": eval_time, "update": update_time}
+        for part, seconds in {**parts, "iteration": time.time() - iteration_start}.items():
+            writer.add_scalar(f"perf/{part}_seconds", seconds, global_step)  # rank 0's
+        for tag, step, r, l in [
+            e for rank_episodes in gather_objects(episodes, args.world_size) for e in rank_episodes
+        ]:
+            writer.add_scalar(f"charts/{tag}episodic_return", r, step)
+            writer.add_scalar(f"charts/{tag}episodic_length", l, step)
+            (recent_test_returns if tag else recent_returns).append(r)
+        sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/SPS", sps, global_step)
-        print(
-            f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps}  "
-            f"({time.time() - iteration_start:.1f}s/iter)  return {np.mean(recent_returns or [np.nan]):.2f}  "
-            f"test {np.mean(recent_test_returns or [np.nan]):.2f}",
-            flush=True,
-        )
+        if args.rank == 0:
+            print(
+                f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps}  "
+                f"({time.time() - iteration_start:.1f}s/iter)  return {np.mean(recent_returns or [np.nan]):.2f}  "
+                f"test {np.mean(recent_test_returns or [np.nan]):.2f}",
+                flush=True,
+            )
 
         # [23] The auxiliary phase closes each phase of n_iteration policy iterations.
         if iteration % args.n_iteration == 0:
@@ -730,13 +1277,65 @@ def train(args: Args):
             aux_stats = auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args)
             for key, value in aux_stats.items():
                 writer.add_scalar(f"losses/aux/{key}", value, global_step)
-            print(
-                f"phase {iteration // args.n_iteration}/{args.num_phases}  aux phase {time.time() - aux_start:.1f}s  "
-                + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items()),
-                flush=True,
-            )
+            writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)
+            if args.rank == 0:
+                print(
+                    f"phase {iteration // args.n_iteration}/{args.num_phases}  aux {time.time() - aux_start:.1f}s  "
+                    + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items()),
+                    flush=True,
+                )
 
-    if args.save_model:
+        # [26] Divergence guard: a non-finite loss or parameter stops the run before it reaches a checkpoint.
+        watched = {"losses/policy_loss": pg_loss, "losses/value_loss": v_loss, "losses/entropy": entropy_loss}
+        watched.update(agent.named_parameters())
+        bad = next((key for key, value in watched.items() if not torch.isfinite(value).all()), None)
+        bad = next((b for b in gather_objects(bad, args.world_size) if b is not None), None)  # stop together
+        if bad is not None:
+            if args.rank == 0:
+                diagnostic = {**last_good, "script": SCRIPT, "args": given, "diagnostic": True}
+                path = save_checkpoint(f"runs/{run_name}", f"diverged_iter_{iteration:08d}.pt", diagnostic)
+                print(f"{SCRIPT}.py: diverged at iteration {iteration}: {bad} is not finite; the weights from before "
+                      f"this iteration are in {path}; earlier checkpoints are untouched", file=sys.stderr)  # fmt: skip
+            writer.close()
+            stop.restore()
+            raise SystemExit(3)
+
+        # [25] Checkpoint at the interval, and when a signal asked to stop.
+        signum = int(rank_reduce([stop.signum or 0], args.world_size, mean=False)[0])  # any process's signal stops all
+        if (args.checkpoint_interval and iteration % args.checkpoint_interval == 0) or signum:
+            mine = {
+                "rng": rng_state(), "envs": env_state(envs), "next_obs": next_obs.cpu(), "next_done": next_done.cpu(),
+                "test_envs": env_state(test_envs) if args.eval_interval > 0 else None,
+                "test_obs": test_obs.cpu() if args.eval_interval > 0 else None,
+                # [19] inside a phase, the part of the phase buffer filled so far; empty at a phase boundary
+                "aux_obs": aux_obs[:, : iteration % args.n_iteration * args.local_num_envs].cpu(),
+                "aux_returns": aux_returns[:, : iteration % args.n_iteration * args.local_num_envs].cpu(),
+            }  # fmt: skip
+            ranks = gather_objects(mine, args.world_size, everywhere=False)
+            ckpt_path = f"runs/{run_name}/checkpoints/iter_{iteration:08d}.pt"
+            if args.rank == 0:
+                state = {
+                    "script": SCRIPT, "args": given, "run_name": run_name, "iteration": iteration,
+                    "global_step": global_step, "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                    "ranks": ranks,
+                }  # fmt: skip
+                save_checkpoint(f"runs/{run_name}", f"iter_{iteration:08d}.pt", state, args.keep_checkpoints)
+        if signum:
+            if args.rank == 0:
+                print(f"stopped by {signal.Signals(signum).name} after iteration {iteration}, checkpoint {ckpt_path}\n"
+                      f"resume with: python {SCRIPT}.py --resume {ckpt_path}", flush=True)  # fmt: skip
+            writer.close()
+            stop.restore()
+            raise SystemExit(128 + signum)
+
+    if args.world_size > 1:  # [30] a last check that every process ended with the same weights
+        flat = torch.nn.utils.parameters_to_vector(agent.parameters()).detach()
+        reference = flat.clone()
+        dist.broadcast(reference, src=0)
+        max_diff = rank_reduce([(flat - reference).abs().max().item()], args.world_size, mean=False)[0]
+        writer.add_scalar("charts/ranks_max_param_diff", max_diff, global_step)
+        dist.destroy_process_group()
+    if args.save_model and args.rank == 0:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         torch.save(agent.state_dict(), model_path)
         print(f"model saved to {model_path}")
@@ -745,7 +1344,23 @@ def train(args: Args):
     if args.eval_interval > 0:
         test_envs.close()
     writer.close()
+    stop.restore()
     return run_name
+
+
+def cli_defaults(argv):
+    """With `--resume` or `--eval-only` a checkpoint, its run's flags become the defaults: flags given still win."""
+    for flag in ("--resume", "--eval-only"):
+        for i, arg in enumerate(argv):
+            path = argv[i + 1] if arg == flag and i + 1 < len(argv) else None
+            path = arg.split("=", 1)[1] if arg.startswith(flag + "=") else path
+            if path is not None:
+                ckpt = load_checkpoint(path, flag[2:])[1]
+                if isinstance(ckpt, dict) and ckpt.get("script") == SCRIPT and "args" in ckpt:
+                    start_only = ("resume", "eval_only", "init_model")  # how that run began, not how it goes on
+                    saved = {k: v for k, v in ckpt["args"].items() if k not in start_only}
+                    return Args(**{k: v for k, v in saved.items() if k in Args.__dataclass_fields__})
+    return None
 
 
 def phase_buffer_help(argv):
@@ -762,4 +1377,5 @@ def phase_buffer_help(argv):
 
 
 if __name__ == "__main__":
-    train(tyro.cli(Args, description=phase_buffer_help(sys.argv[1:]) if {"-h", "--help"} & set(sys.argv) else None))
+    description = phase_buffer_help(sys.argv[1:]) if {"-h", "--help"} & set(sys.argv) else None
+    train(tyro.cli(Args, default=cli_defaults(sys.argv[1:]), description=description))

@@ -27,6 +27,18 @@ BAD_INPUTS = [
     (["--max-grad-norm", "0"], "--max-grad-norm"),
     (["--target-kl", "0"], "--target-kl"),
     (["--capture-video", "--eval-interval", "0"], "--capture-video"),
+    (["--checkpoint-interval", "-1"], "--checkpoint-interval"),
+    (["--keep-checkpoints", "0"], "--keep-checkpoints"),
+    (["--resume", "x", "--eval-only", "y"], "--eval-only"),
+    (["--prio-alpha", "-0.5"], "--prio-alpha"),
+    (["--prio-beta0", "1.5"], "--prio-beta0"),
+    (["--vtrace-rho-clip", "0"], "--vtrace-rho-clip"),
+    (["--pretraining"], "--pretraining"),
+    (["--intrinsic-coef", "-1"], "--intrinsic-coef"),
+    (["--intrinsic-coef", "1", "--rnd-update-proportion", "0"], "--rnd-update-proportion"),
+    (["--init-model", "x", "--resume", "y"], "--init-model"),
+    (["--vtrace-c-clip", "-1"], "--vtrace-c-clip"),
+    (["--prio-alpha", "0.6", "--num-envs", "12", "--num-minibatches", "8", "--num-steps", "64"], "--prio-alpha"),
 ]
 SCRIPT_BAD_INPUTS = {
     "ppo_procgen": [(["--update-epochs", "0"], "--update-epochs")],
@@ -56,6 +68,19 @@ def test_bad_input_stops_with_one_line(tmp_path, monkeypatch, capsys, name, flag
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and flag in lines[0], lines
     assert os.listdir(tmp_path / "runs") == ["earlier.txt"]  # nothing built, nothing lost
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_envs_that_do_not_divide_among_processes(monkeypatch, capsys, name):
+    script = load_script(name)
+    monkeypatch.setenv("WORLD_SIZE", "4")  # as torchrun --nproc_per_node 4 sets it
+    with pytest.raises(SystemExit) as exc:
+        script.train(tyro.cli(script.Args, args=["--num-envs", "6", "--num-minibatches", "2"]))
+    assert exc.value.code == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"{name}.py: error: --num-envs: must divide among the 4 processes of torchrun"
+    )
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -93,3 +118,5 @@ def test_video_and_model_are_written(tmp_path, name):
     assert videos and all(v.stat().st_size > 1000 for v in videos), videos
     model = run_dir / f"{name}.cleanrl_model"
     assert model.stat().st_size > 100_000  # the IMPALA network's weights, not an empty file
+    scalars = read_scalars(run_dir)  # 128 steps per env: train and test episodes ended, and were logged
+    assert scalars["charts/episodic_return"] and scalars["charts/test_episodic_return"]

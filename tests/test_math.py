@@ -51,24 +51,14 @@ def test_minibatches_cover_the_batch_once(script):
 
 
 def test_every_finished_episode_is_logged(script):
-    class Writer:
-        def __init__(self):
-            self.rows = []
-
-        def add_scalar(self, tag, value, step):
-            self.rows.append((tag, float(value), step))
-
-    writer, recent = Writer(), []
+    episodes = []
     infos = {
         "episode": {"r": np.array([3.0, 0.0, 5.0]), "l": np.array([10, 0, 20])},
         "_episode": np.array([1, 0, 1], bool),
     }
-    script.log_episodes(writer, infos, 7, "test_", recent)
-    assert [row for row in writer.rows if row[0] == "charts/test_episodic_return"] == [
-        ("charts/test_episodic_return", 3.0, 7),
-        ("charts/test_episodic_return", 5.0, 7),
-    ]
-    assert ("charts/test_episodic_length", 20.0, 7) in writer.rows and recent == [3.0, 5.0]
+    script.log_episodes(episodes, infos, 7, "test_")
+    script.log_episodes(episodes, {}, 8, "")  # a step where no episode ended
+    assert episodes == [("test_", 7, 3.0, 10), ("test_", 7, 5.0, 20)]
 
 
 @pytest.mark.parametrize("init_fn", ["orthogonal", "normed"])

@@ -1,29 +1,44 @@
-"""The shared smoke harness: every script, on every device present, for a few hundred steps."""
+"""The shared smoke harness: every script and option, on every device present, for a few hundred steps."""
 
 import math
 
 import pytest
 from conftest import AUX_TAGS, DEVICES, assert_trained, only_run_dir, read_scalars, run_script, smoke_args
 
-# one entry per script and variant worth a smoke run: (script, extra flags, tags logged once per phase)
+PER_ITERATION = [128, 256]  # the two iterations of a smoke run
+AUX = dict.fromkeys(AUX_TAGS, [256])  # PPG's one auxiliary phase, closing iteration 2
+PRIO = {"losses/prio_mean_weight": PER_ITERATION, "charts/prio_beta": PER_ITERATION}
+VTRACE = {"losses/vtrace_rho_clipfrac": PER_ITERATION}
+RND = {"losses/rnd_loss": PER_ITERATION, "charts/intrinsic_reward": PER_ITERATION}
+PRETRAINING = ["--pretraining", "--intrinsic-coef", "1"]
+
+# one entry per script and option worth a smoke run: (script, extra flags, {tag that must be logged: its steps})
 SCRIPTS = [
-    pytest.param("ppo_procgen", [], [], id="ppo"),
-    pytest.param("ppg_procgen", ["--arch", "dual"], AUX_TAGS, id="ppg-dual"),
-    pytest.param("ppg_procgen", ["--arch", "shared"], AUX_TAGS, id="ppg-shared"),
-    pytest.param("ppg_procgen", ["--arch", "detach", "--init-fn", "orthogonal"], AUX_TAGS, id="ppg-detach"),
+    pytest.param("ppo_procgen", [], {}, id="ppo"),
+    pytest.param("ppo_procgen", ["--vtrace"], VTRACE, id="ppo-vtrace"),
+    pytest.param("ppo_procgen", ["--prio-alpha", "0.6"], PRIO, id="ppo-prio"),
+    pytest.param("ppo_procgen", ["--vtrace", "--prio-alpha", "0.6"], VTRACE | PRIO, id="ppo-vtrace-prio"),
+    pytest.param("ppo_procgen", PRETRAINING, RND, id="ppo-rnd-pretraining"),
+    pytest.param("ppo_procgen", ["--autocast", "bf16"], {}, id="ppo-bf16"),
+    pytest.param("ppo_procgen", ["--no-tune-malloc"], {}, id="ppo-glibc-defaults"),
+    pytest.param("ppg_procgen", ["--arch", "dual"], AUX, id="ppg-dual"),
+    pytest.param("ppg_procgen", ["--arch", "shared"], AUX, id="ppg-shared"),
+    pytest.param("ppg_procgen", ["--arch", "detach", "--init-fn", "orthogonal"], AUX, id="ppg-detach"),
+    pytest.param(
+        "ppg_procgen", ["--e-policy", "2", "--vtrace", "--prio-alpha", "0.6"], AUX | VTRACE | PRIO, id="ppg-vtrace-prio"
+    ),  # fmt: skip
+    pytest.param("ppg_procgen", PRETRAINING, AUX | RND, id="ppg-rnd-pretraining"),
 ]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name,extra,phase_tags", SCRIPTS)
-def test_smoke(tmp_path, name, extra, phase_tags, device):
+@pytest.mark.parametrize("name,extra,expected", SCRIPTS)
+def test_smoke(tmp_path, name, extra, expected, device):
     proc = run_script(f"{name}.py", [*smoke_args(name), "--device", device, *extra], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     scalars = read_scalars(only_run_dir(tmp_path))
     assert_trained(scalars, iterations=2)
-    assert [step for step, _ in scalars["charts/SPS"]] == [128, 256]
-    for tag in phase_tags:  # one full auxiliary phase ran, at the end of iteration 2
-        assert [step for step, _ in scalars.get(tag, [])] == [256], tag
-        assert math.isfinite(scalars[tag][0][1]), tag
-    # random starpilot episodes last about 75 steps: both the train and the test envs finish some
-    assert scalars["charts/episodic_return"] and scalars["charts/test_episodic_return"]
+    assert [step for step, _ in scalars["charts/SPS"]] == PER_ITERATION
+    for tag, steps in expected.items():  # the option acted, or PPG's auxiliary phase ran, and logged finite values
+        assert [step for step, _ in scalars.get(tag, [])] == steps, tag
+        assert all(math.isfinite(value) for _, value in scalars[tag]), tag

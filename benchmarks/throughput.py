@@ -1,0 +1,190 @@
+"""Throughput of the scripts against procgen's own ceiling, side by side in one run.
+
+    python benchmarks/throughput.py            # default sizes: about 35 minutes on 2 CPU cores (2 reps)
+    python benchmarks/throughput.py --quick    # tiny sizes, under a minute: checks that the benchmark works
+
+It measures, on this machine and in this one run:
+  (a) the ceiling: procgen stepping 64 envs with random actions and no network, for several thread counts;
+  (b) default-sized PPO iterations (64 envs x 256 steps, 8 minibatches, 3 epochs), split into env, inference
+      and update time as the script itself logs them (perf/*), after a warm-up iteration;
+  (c) PPG: its policy-phase iterations and one auxiliary epoch over a phase of 2 iterations;
+  (d) each speed option on and off, the configurations alternating within every repetition (A B C A B C) so
+      that the drift of a shared machine falls on all of them alike;
+  (e) the peak memory (resident set) of every run.
+Each configuration runs as its own process of the real script; figures are medians over the repetitions.
+Results go to RESULTS.md and throughput.png in --out (this folder by default).
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# (name, script, flags): the first two PPO rows are the allocator A/B, then the other options
+CONFIGS = [
+    ("PPO fp32, glibc defaults", "ppo_procgen", ["--no-tune-malloc"]),
+    ("PPO fp32 (default)", "ppo_procgen", []),
+    ("PPO bf16 autocast", "ppo_procgen", ["--autocast", "bf16"]),
+    ("PPG dual (default)", "ppg_procgen", ["--n-iteration", "2", "--e-auxiliary", "1"]),
+]
+# the cost of the options against plain PPO, at a quarter of the default batch (16 envs x 256 steps, 8 minibatches)
+OPTION_CONFIGS = [
+    ("PPO (plain)", "ppo_procgen", []),
+    ("PPO --vtrace", "ppo_procgen", ["--vtrace"]),
+    ("PPO --prio-alpha 0.6", "ppo_procgen", ["--prio-alpha", "0.6"]),
+    ("PPO --intrinsic-coef 0.5 (RND)", "ppo_procgen", ["--intrinsic-coef", "0.5"]),
+]
+OPTION_SIZES = ["--num-envs", "16"]
+QUICK_SIZES = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
+QUICK_PPG = ["--num-aux-rollouts", "2"]
+
+
+def ceiling(num_envs, steps, threads, reps):
+    """Steps per second of procgen alone, random actions, the median over `reps` timings."""
+    from ppo_procgen import ProcgenVecEnv
+
+    env = ProcgenVecEnv("starpilot", num_envs, 200, 0, "easy", 1, threads)
+    env.reset()
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, 15, (steps, num_envs))
+    for a in actions[: steps // 10]:  # warm-up
+        env.step(a)
+    timings = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for a in actions:
+            env.step(a)
+        timings.append(num_envs * steps / (time.perf_counter() - start))
+    env.close()
+    return statistics.median(timings)
+
+
+def run(script, flags, iterations, batch, workdir):
+    """One process of the script; the perf/* of its last iteration and its peak memory."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    total = batch * iterations
+    cmd = [sys.executable, str(ROOT / f"{script}.py"), "--total-timesteps", str(total), "--eval-interval", "0",
+           "--device", "cpu", "--exp-name", "bench", *flags]  # fmt: skip
+    with tempfile.TemporaryDirectory(dir=workdir) as cwd:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        err = proc.stderr.read()
+        if status != 0:
+            raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{err[-2000:]}")
+        (run_dir,) = (Path(cwd) / "runs").iterdir()
+        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+        acc.Reload()
+        last = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
+    last["peak_rss_gib"] = usage.ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
+    last["sps"] = batch / last["perf/iteration_seconds"]
+    return last
+
+
+def machine():
+    model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    import torch
+
+    cores = f"{os.cpu_count()} cores ({model})"
+    return f"{platform.machine()}, {cores}, Python {platform.python_version()}, torch {torch.__version__}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a check, not a measurement")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions of every configuration (2; quick: 1)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="where results go")
+    parser.add_argument("--suite", choices=["speed", "options"], default="speed",
+                        help="speed: the speed options at default sizes (RESULTS.md); options: V-trace, prioritised "
+                        "sampling and RND against plain PPO at 16 envs (OPTIONS.md)")  # fmt: skip
+    opts = parser.parse_args()
+    reps = opts.reps or (1 if opts.quick else 2)
+    configs = CONFIGS if opts.suite == "speed" else OPTION_CONFIGS
+    sizes = QUICK_SIZES if opts.quick else (OPTION_SIZES if opts.suite == "options" else [])
+    ppg_sizes = QUICK_PPG if opts.quick else []
+    batch = 4 * 32 if opts.quick else (16 if opts.suite == "options" else 64) * 256
+    opts.out.mkdir(parents=True, exist_ok=True)
+
+    envs, steps = (8, 200) if opts.quick else (64, 2000)
+    ceilings = {threads: ceiling(envs, steps, threads, reps) for threads in (1, 2, 4)}
+    print("ceiling:", {t: round(v) for t, v in ceilings.items()}, flush=True)
+
+    results = {name: [] for name, _, _ in configs}
+    for rep in range(reps):
+        for name, script, flags in configs:
+            extra = sizes + (ppg_sizes if script == "ppg_procgen" else [])
+            # 2 iterations: the first is the warm-up; PPG's second closes a phase with one auxiliary epoch
+            results[name].append(run(script, [*flags, *extra], 2, batch, opts.out))
+            r = results[name][-1]
+            print(f"rep {rep + 1}/{reps}  {name}: {r['sps']:.0f} steps/s, peak {r['peak_rss_gib']:.2f} GiB", flush=True)
+
+    med = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for name, rows in results.items()}
+    base = med[configs[0][0]]
+    cmd = (
+        "python benchmarks/throughput.py"
+        + (" --quick" if opts.quick else "")
+        + (f" --reps {opts.reps}" if opts.reps else "")
+        + (f" --suite {opts.suite}" if opts.suite != "speed" else "")
+    )
+    lines = [
+        "# Throughput" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else ""),
+        "",
+        f"Machine: {machine()}.  ",
+        f"Command: `{cmd}`, {time.strftime('%Y-%m-%d')}. Medians over {reps} repetition(s); the configurations",
+        "alternate within each repetition. Times are those of one iteration after a warm-up iteration, as the script",
+        f"logs them (`perf/*`); a batch is {batch} steps. Ratios are against the first row, measured in the same run.",
+        "",
+        f"Ceiling, procgen alone ({envs} envs, random actions, no network): "
+        + ", ".join(f"{round(v):,} steps/s with {t} thread(s)" for t, v in ceilings.items())
+        + ".",
+        "",
+        "| configuration | steps/s | vs first row | env s | inference s | update s | PPG aux epoch s | peak RSS GiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in med.items():
+        aux = f"{m['perf/aux_seconds']:.1f}" if "perf/aux_seconds" in m else ""
+        lines.append(
+            f"| {name} | {m['sps']:.0f} | {m['sps'] / base['sps']:.2f}x | {m['perf/env_seconds']:.2f} | "
+            f"{m['perf/inference_seconds']:.2f} | {m['perf/update_seconds']:.2f} | {aux} | {m['peak_rss_gib']:.2f} |"
+        )
+    lines += ["", "![throughput](throughput.png)", ""]
+    if opts.suite == "options":
+        lines[0] = "# The cost of the options" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else "")
+        (opts.out / "OPTIONS.md").write_text("\n".join(lines[:-2]))  # no chart
+        print(f"wrote {opts.out / 'OPTIONS.md'}")
+        return
+    (opts.out / "RESULTS.md").write_text("\n".join(lines))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    names = list(med)
+    left = np.zeros(len(names))
+    for part in ("env", "inference", "update"):
+        widths = [med[n][f"perf/{part}_seconds"] for n in names]
+        ax.barh(names, widths, left=left, label=part)
+        left += widths
+    ax.set_xlabel(f"seconds per iteration of {batch} steps (median of {reps})")
+    ax.invert_yaxis()
+    ax.legend()
+    ax.set_title("Where an iteration's time goes" + (" (quick mode)" if opts.quick else ""))
+    fig.tight_layout()
+    fig.savefig(opts.out / "throughput.png", dpi=100)
+    print(f"wrote {opts.out / 'RESULTS.md'} and {opts.out / 'throughput.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Checkpoints: exact resume, signals, the divergence guard, bad files, evaluation of a saved agent."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import tyro
+from conftest import ROOT, load_script, read_scalars, smoke_args
+
+SCRIPTS = ["ppo_procgen", "ppg_procgen"]
+
+
+def train(script, flags):
+    return script.train(tyro.cli(script.Args, args=flags))
+
+
+def after(scalars, step):
+    """The logged values after `step`, tag by tag."""
+    return {tag: [(s, v) for s, v in rows if s > step] for tag, rows in scalars.items()}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch, name):
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", "cpu"]  # 4 iterations; PPG: 2 phases
+    straight = train(script, [*flags, "--exp-name", "straight"])
+
+    # a real SIGTERM during iteration 3 (for PPG, inside the second phase: the checkpoint carries its buffer)
+    compute_gae, calls = script.compute_gae, []
+
+    def gae_then_sigterm(*a):
+        calls.append(1)
+        if len(calls) == 3:
+            signal.raise_signal(signal.SIGTERM)
+        return compute_gae(*a)
+
+    monkeypatch.setattr(script, "compute_gae", gae_then_sigterm)
+    with pytest.raises(SystemExit) as exc:
+        train(script, [*flags, "--exp-name", "stopped"])
+    assert exc.value.code == 128 + signal.SIGTERM
+    (run_dir,) = (tmp_path / "runs").glob("*stopped*")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_00000003.pt"]
+    monkeypatch.setattr(script, "compute_gae", compute_gae)
+    assert train(script, [*flags, "--exp-name", "stopped", "--resume", str(run_dir)]) == run_dir.name
+
+    a, b = read_scalars(tmp_path / "runs" / straight), read_scalars(run_dir)
+    tags = ["losses/policy_loss", "losses/value_loss", "losses/approx_kl", "charts/episodic_return"]
+    tags += ["charts/test_episodic_return"] + (
+        ["losses/aux/kl_loss", "losses/aux/real_value_loss"] if "ppg" in name else []
+    )
+    a_after, b_after = after(a, 384), after(b, 384)
+    for tag in tags:
+        assert a_after[tag] == b_after[tag], tag  # bitwise: procgen's state restores exactly
+        assert a_after[tag] or "episodic" in tag, tag  # losses are logged every iteration; episodes end when they end
+    # the interrupted run's log is whole: every iteration logged once
+    assert [s for s, _ in b["losses/policy_loss"]] == [128, 256, 384, 512]
+
+
+def test_sigterm_writes_a_checkpoint_that_resumes(tmp_path):
+    cmd = [sys.executable, str(ROOT / "ppo_procgen.py"), *smoke_args("ppo_procgen"), "--total-timesteps", "4096"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # wait until training runs, then ask it to stop
+        if line.startswith("iter 1/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "resume with: python ppo_procgen.py --resume" in out
+    (ckpt_path,) = (tmp_path / "runs").glob("*/checkpoints/iter_*.pt")
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    stopped_at = ckpt["iteration"]
+    assert ckpt["global_step"] == 128 * stopped_at and ckpt["model"]
+    # the run's own flags come back as defaults: only the path and a new length are given
+    total = 128 * (stopped_at + 1)
+    done = subprocess.run([*cmd[:2], "--resume", str(ckpt_path.parent.parent), "--total-timesteps", str(total)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"iter {stopped_at + 1}/{stopped_at + 1}  step {total}" in done.stdout
+
+
+@pytest.fixture(scope="module", params=SCRIPTS)
+def trained(request, tmp_path_factory):
+    """A smoke-sized run of each script with a checkpoint every iteration and the final model saved."""
+    script = load_script(request.param)
+    cwd, here = tmp_path_factory.mktemp(request.param), os.getcwd()
+    os.chdir(cwd)
+    try:
+        flags = [*smoke_args(request.param), "--device", "cpu", "--checkpoint-interval", "1", "--save-model"]
+        run_name = train(script, flags)
+    finally:
+        os.chdir(here)
+    return script, flags, cwd / "runs" / run_name
+
+
+def one_error_line(capsys, exc):
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_bad_checkpoints_are_refused_and_nothing_is_touched(trained, tmp_path, monkeypatch, capsys):
+    script, flags, run_dir = trained
+    monkeypatch.chdir(tmp_path)
+    checkpoints = sorted((run_dir / "checkpoints").iterdir())
+    assert [p.name for p in checkpoints] == ["iter_00000001.pt", "iter_00000002.pt"]
+    truncated = tmp_path / "iter_00000002.pt"
+    truncated.write_bytes(checkpoints[1].read_bytes()[:5000])
+    (tmp_path / "empty_run").mkdir()
+    other = "ppg_procgen" if script.SCRIPT == "ppo_procgen" else "ppo_procgen"
+    cases = [
+        (str(truncated), [], "not a readable checkpoint"),
+        (str(tmp_path / "missing.pt"), [], "no such file"),
+        (str(tmp_path / "empty_run"), [], "no checkpoint"),
+        (str(checkpoints[0]), ["--feature-dim", "128"], "--feature-dim 256"),
+        (str(checkpoints[0]), ["--num-envs", "8", "--total-timesteps", "1024"], "--num-envs 4"),
+    ]
+    if script.SCRIPT == "ppg_procgen":
+        cases.append((str(checkpoints[0]), ["--arch", "shared"], "--arch dual"))
+    for path, extra, message in cases:
+        with pytest.raises(SystemExit) as exc:
+            train(script, [*flags, *extra, "--resume", path])
+        line = one_error_line(capsys, exc)
+        assert line.startswith(f"{script.SCRIPT}.py: error: --resume: ") and message in line, line
+    with pytest.raises(SystemExit) as exc:  # a checkpoint of the other script
+        train(load_script(other), [*smoke_args(other), "--resume", str(checkpoints[0])])
+    assert f"written by {script.SCRIPT}.py" in one_error_line(capsys, exc)
+    assert sorted((run_dir / "checkpoints").iterdir()) == checkpoints  # the good checkpoints are still there
+    assert torch.load(checkpoints[1], weights_only=False)["iteration"] == 2
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+@pytest.mark.parametrize("what", ["checkpoint", "model"])
+def test_evaluation_of_a_saved_agent(trained, tmp_path, monkeypatch, what):
+    script, flags, run_dir = trained
+    monkeypatch.chdir(tmp_path)
+    path = (
+        run_dir / "checkpoints" / "iter_00000002.pt"
+        if what == "checkpoint"
+        else run_dir / f"{script.SCRIPT}.cleanrl_model"
+    )
+    returns = train(script, [*flags, "--eval-only", str(path), "--eval-episodes", "5"])
+    assert len(returns) == 5 and all(map(torch.isfinite, torch.tensor(returns)))
+    train_levels = train(script, [*flags, "--eval-only", str(path), "--eval-episodes", "3", "--eval-train-levels"])
+    assert len(train_levels) == 3
+
+
+def test_evaluation_refuses_weights_of_another_network(trained, tmp_path, monkeypatch, capsys):
+    script, flags, run_dir = trained
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        train(script, [*flags, "--feature-dim", "64", "--eval-only", str(run_dir / f"{script.SCRIPT}.cleanrl_model")])
+    assert "the weights do not fit this network" in one_error_line(capsys, exc)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_divergence_stops_the_run_and_keeps_the_good_checkpoints(tmp_path, monkeypatch, capsys, name):
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    loss, calls = script.clipped_policy_loss, []
+
+    per_iteration = 2 * (3 if name == "ppo_procgen" else 1)  # 2 minibatches x the policy epochs
+
+    def nan_from_iteration_2(*a):
+        calls.append(1)
+        return loss(*a) * (float("nan") if len(calls) > per_iteration else 1.0)
+
+    monkeypatch.setattr(script, "clipped_policy_loss", nan_from_iteration_2)
+    with pytest.raises(SystemExit) as exc:
+        train(script, [*smoke_args(name), "--device", "cpu", "--checkpoint-interval", "1", "--eval-interval", "0"])
+    assert exc.value.code == 3
+    err = capsys.readouterr().err
+    assert "diverged at iteration 2: losses/policy_loss is not finite" in err
+    (ckpt_dir,) = (tmp_path / "runs").glob("*/checkpoints")
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["diverged_iter_00000002.pt", "iter_00000001.pt"]
+    good = torch.load(ckpt_dir / "iter_00000001.pt", weights_only=False)
+    diagnostic = torch.load(ckpt_dir / "diverged_iter_00000002.pt", weights_only=False)
+    for key, value in good["model"].items():  # the diagnostic holds the last good weights, not the diverged ones
+        assert torch.isfinite(value).all() and torch.equal(value, diagnostic["model"][key]), key
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    script = load_script("ppo_procgen")
+    first = script.save_checkpoint(str(tmp_path), "iter_00000001.pt", {"iteration": 1})
+
+    def killed_mid_write(obj, f):
+        f.write(b"partial")
+        raise KeyboardInterrupt  # as if the process died while writing
+
+    monkeypatch.setattr(torch, "save", killed_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        script.save_checkpoint(str(tmp_path), "iter_00000001.pt", {"iteration": 2})
+    monkeypatch.undo()
+    assert torch.load(first, weights_only=False) == {"iteration": 1}
+
+
+def test_keep_checkpoints_prunes_the_oldest(tmp_path):
+    script = load_script("ppo_procgen")
+    for i in range(1, 6):
+        script.save_checkpoint(str(tmp_path), f"iter_{i:08d}.pt", {"iteration": i}, keep=2)
+        time.sleep(0.01)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["iter_00000004.pt", "iter_00000005.pt"]

@@ -1,0 +1,86 @@
+"""Data parallelism under torchrun, on the CPU with gloo: 2 processes train like one."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import AUX_TAGS, ROOT, assert_trained, only_run_dir, read_scalars, smoke_args
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}  # the processes meet on the loopback interface
+
+
+def torchrun(args, cwd, timeout=300):
+    return subprocess.run([*TORCHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+@pytest.mark.parametrize("name", ["ppo_procgen", "ppg_procgen"])
+def test_two_processes_train_and_stay_in_sync(tmp_path, name):
+    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", "cpu"]  # 4 iterations, 128 steps per env
+    proc = torchrun([str(ROOT / f"{name}.py"), *flags], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    scalars = read_scalars(only_run_dir(tmp_path))
+    assert_trained(scalars, iterations=4)  # real updates, finite losses, logged once per iteration
+    assert [step for step, _ in scalars["charts/SPS"]] == [128, 256, 384, 512]  # steps of both processes' envs
+    assert scalars["charts/ranks_max_param_diff"] == [(512, 0.0)]  # both processes ended with the same weights
+    for tag in AUX_TAGS if name == "ppg_procgen" else []:
+        assert [step for step, _ in scalars[tag]] == [256, 512] and all(math.isfinite(v) for _, v in scalars[tag])
+    assert scalars["charts/episodic_return"]  # gathered from the processes' envs
+
+
+@pytest.mark.parametrize("name", ["ppo_procgen", "ppg_procgen"])
+def test_two_processes_compute_the_gradient_of_one(tmp_path, name):
+    out = tmp_path / "result.json"
+    proc = torchrun([str(ROOT / "tests" / "ddp_gradients.py"), name, str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rel = json.loads(out.read_text())
+    assert rel["data_parallel"] < 1e-5, rel  # 2 x 2 envs, global normalisation, all-reduce == 1 x 4 envs
+    assert rel["local_norm"] > 1e-3 and rel["no_reduce"] > 1e-3, rel  # without either, it differs
+
+
+def children(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
+
+
+def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path):
+    total = 128 * 6
+    flags = [
+        *smoke_args("ppo_procgen"),
+        "--total-timesteps",
+        str(total),
+        "--checkpoint-interval",
+        "1",
+        "--device",
+        "cpu",
+    ]
+    cmd = [*TORCHRUN[:3], "--max-restarts", "1", *TORCHRUN[3:], str(ROOT / "ppo_procgen.py"), *flags]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    deadline = time.time() + 180
+    while not list(tmp_path.glob("runs/*/checkpoints/iter_00000002.pt")) and time.time() < deadline:
+        time.sleep(0.2)
+    workers = [w for w in children(proc.pid) if "ppo_procgen.py" in open(f"/proc/{w}/cmdline").read()]
+    assert len(workers) == 2, workers
+    os.kill(workers[1], signal.SIGKILL)  # one process dies mid-run
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "resumed from" in out
+    scalars = read_scalars(only_run_dir(tmp_path))
+    # the job finished, every iteration logged once: what the dead run logged after its checkpoint was dropped
+    assert [step for step, _ in scalars["losses/policy_loss"]] == [128 * i for i in range(1, 7)]
+    assert scalars["charts/ranks_max_param_diff"] == [(total, 0.0)]
