@@ -34,7 +34,6 @@ sys.path.insert(0, str(ROOT))
 CONFIGS = [
     ("PPO fp32, glibc defaults", "ppo_procgen", ["--no-tune-malloc"]),
     ("PPO fp32 (default)", "ppo_procgen", []),
-    ("PPO bf16 autocast", "ppo_procgen", ["--autocast", "bf16"]),
     ("PPG dual (default)", "ppg_procgen", ["--n-iteration", "2", "--e-auxiliary", "1"]),
 ]
 # the cost of the options against plain PPO, at a quarter of the default batch (16 envs x 256 steps, 8 minibatches)
@@ -127,7 +126,11 @@ def main():
             results[name].append(run(script, [*flags, *extra], 2, batch, opts.out))
             r = results[name][-1]
             print(f"rep {rep + 1}/{reps}  {name}: {r['sps']:.0f} steps/s, peak {r['peak_rss_gib']:.2f} GiB", flush=True)
+        write_results(opts, configs, results, rep + 1, reps, ceilings, envs, batch)  # after every repetition
 
+
+def write_results(opts, configs, results, done, reps, ceilings, envs, batch):
+    """The table (and chart) of the medians over the `done` repetitions measured so far."""
     med = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for name, rows in results.items()}
     base = med[configs[0][0]]
     cmd = (
@@ -140,8 +143,8 @@ def main():
         "# Throughput" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else ""),
         "",
         f"Machine: {machine()}.  ",
-        f"Command: `{cmd}`, {time.strftime('%Y-%m-%d')}. Medians over {reps} repetition(s); the configurations",
-        "alternate within each repetition. Times are those of one iteration after a warm-up iteration, as the script",
+        f"Command: `{cmd}`, {time.strftime('%Y-%m-%d')}. Medians over {done} of {reps} repetition(s); the",
+        "configurations alternate within each repetition. Times are of one iteration after a warm-up, as the script",
         f"logs them (`perf/*`); a batch is {batch} steps. Ratios are against the first row, measured in the same run.",
         "",
         f"Ceiling, procgen alone ({envs} envs, random actions, no network): "
@@ -177,7 +180,7 @@ def main():
         widths = [med[n][f"perf/{part}_seconds"] for n in names]
         ax.barh(names, widths, left=left, label=part)
         left += widths
-    ax.set_xlabel(f"seconds per iteration of {batch} steps (median of {reps})")
+    ax.set_xlabel(f"seconds per iteration of {batch} steps (median of {done})")
     ax.invert_yaxis()
     ax.legend()
     ax.set_title("Where an iteration's time goes" + (" (quick mode)" if opts.quick else ""))

@@ -4,7 +4,7 @@ import os
 
 import pytest
 import tyro
-from conftest import load_script, only_run_dir, read_scalars, run_script, smoke_args
+from conftest import assert_trained, load_script, only_run_dir, read_scalars, run_script, smoke_args
 
 SCRIPTS = ["ppo_procgen", "ppg_procgen"]
 
@@ -120,3 +120,17 @@ def test_video_and_model_are_written(tmp_path, name):
     assert model.stat().st_size > 100_000  # the IMPALA network's weights, not an empty file
     scalars = read_scalars(run_dir)  # 128 steps per env: train and test episodes ended, and were logged
     assert scalars["charts/episodic_return"] and scalars["charts/test_episodic_return"]
+
+
+def test_allocator_setting_changes_no_result(tmp_path):
+    """mallopt is process-wide, so each setting runs in its own process; the losses must agree bit for bit."""
+    losses = {}
+    for setting in ("--tune-malloc", "--no-tune-malloc"):
+        cwd = tmp_path / setting.strip("-")
+        cwd.mkdir()
+        proc = run_script("ppo_procgen.py", [*smoke_args("ppo_procgen"), "--device", "cpu", setting], cwd)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        scalars = read_scalars(only_run_dir(cwd))
+        assert_trained(scalars, iterations=2)
+        losses[setting] = [scalars[tag] for tag in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl")]
+    assert losses["--tune-malloc"] == losses["--no-tune-malloc"]

@@ -11,7 +11,19 @@ import time
 import pytest
 from conftest import AUX_TAGS, ROOT, assert_trained, only_run_dir, read_scalars, smoke_args
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+# On this machine gloo's connectFullMesh has, twice in about ten launches, been refused on 127.0.0.1 at process-group
+# init (cause not established); one restart of torchrun's own absorbs such a start, and every assertion below still
+# needs the whole run.
+TORCHRUN = [
+    sys.executable,
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc_per_node",
+    "2",
+    "--max-restarts",
+    "1",
+]
 
 
 ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}  # the processes meet on the loopback interface
@@ -69,7 +81,7 @@ def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path):
         "--device",
         "cpu",
     ]
-    cmd = [*TORCHRUN[:3], "--max-restarts", "1", *TORCHRUN[3:], str(ROOT / "ppo_procgen.py"), *flags]
+    cmd = [*TORCHRUN[:-1], "2", str(ROOT / "ppo_procgen.py"), *flags]  # the kill costs one restart, a flake one more
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     deadline = time.time() + 180
     while not list(tmp_path.glob("runs/*/checkpoints/iter_00000002.pt")) and time.time() < deadline:

@@ -20,7 +20,6 @@ SCRIPTS = [
     pytest.param("ppo_procgen", ["--vtrace", "--prio-alpha", "0.6"], VTRACE | PRIO, id="ppo-vtrace-prio"),
     pytest.param("ppo_procgen", PRETRAINING, RND, id="ppo-rnd-pretraining"),
     pytest.param("ppo_procgen", ["--autocast", "bf16"], {}, id="ppo-bf16"),
-    pytest.param("ppo_procgen", ["--no-tune-malloc"], {}, id="ppo-glibc-defaults"),
     pytest.param("ppg_procgen", ["--arch", "dual"], AUX, id="ppg-dual"),
     pytest.param("ppg_procgen", ["--arch", "shared"], AUX, id="ppg-shared"),
     pytest.param("ppg_procgen", ["--arch", "detach", "--init-fn", "orthogonal"], AUX, id="ppg-detach"),
