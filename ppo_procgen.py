@@ -362,6 +362,23 @@ def make_env(args: Args, num_envs: int, num_levels: int, start_level: int, seed:
     return envs
 
 
+class ToDevice:
+    """[34] The envs' numpy arrays as tensors on the device. On CUDA each goes through its own pinned host buffer
+    and an asynchronous copy: the `.cpu()` of the next actions waits for that copy before the envs step and the
+    buffer is written again. Elsewhere the tensor shares the array's memory."""
+
+    def __init__(self, device):
+        self.device, self.pinned = device, {}
+
+    def __call__(self, key, array, dtype=None):
+        if self.device.type != "cuda":
+            return torch.as_tensor(array, device=self.device, dtype=dtype)
+        host = torch.as_tensor(array, dtype=dtype)
+        if key not in self.pinned or self.pinned[key].shape != host.shape or self.pinned[key].dtype != host.dtype:
+            self.pinned[key] = torch.empty_like(host).pin_memory()
+        return self.pinned[key].copy_(host).to(self.device, non_blocking=True)
+
+
 # [7] Initialisation. For orthogonal and normed init, `std` is the L2 norm of each output unit's
 # weights (orthogonal rows have norm `gain`); for xavier it is the gain.
 def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
@@ -934,6 +951,7 @@ def train(args: Args):
     rewards = torch.zeros((args.num_steps, args.local_num_envs)).to(device)
     dones = torch.zeros((args.num_steps, args.local_num_envs)).to(device)
     values = torch.zeros((args.num_steps, args.local_num_envs)).to(device)
+    to_device = ToDevice(device)
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
@@ -989,9 +1007,9 @@ def train(args: Args):
             tick = time.perf_counter()
             next_obs, reward, terminations, truncations, infos = envs.step(action)
             env_time += time.perf_counter() - tick
-            rewards[step] = torch.as_tensor(reward, device=device).view(-1)
-            next_obs = torch.as_tensor(next_obs, device=device)
-            next_done = torch.as_tensor(np.logical_or(terminations, truncations), device=device, dtype=torch.float32)
+            rewards[step] = to_device("reward", reward).view(-1)
+            next_obs = to_device("obs", next_obs)
+            next_done = to_device("done", np.logical_or(terminations, truncations), torch.float32)
             log_episodes(episodes, infos, global_step, "")
 
         # [3] Held-out evaluation: the same stochastic policy on levels it never trains on.
@@ -1001,7 +1019,7 @@ def train(args: Args):
                 with torch.no_grad():
                     test_action = agent.get_action_and_value(test_obs)[0]
                 test_obs, _, _, _, test_infos = test_envs.step(test_action.cpu().numpy())
-                test_obs = torch.as_tensor(test_obs, device=device)
+                test_obs = to_device("test_obs", test_obs)
                 log_episodes(episodes, test_infos, global_step, "test_")
 
         eval_time, update_start = time.perf_counter() - eval_start, time.perf_counter()
@@ -1025,6 +1043,7 @@ def train(args: Args):
         b_values = values.reshape(-1)
 
         # Optimizing the policy and value network
+        # [34] per-minibatch statistics stay on the device, read once when logged: no sync per minibatch
         clipfracs, rho_clipfracs, mb_weight_means = [], [], []
         beta = args.prio_beta0 + (1 - args.prio_beta0) * (iteration - 1) / max(1, args.num_iterations - 1)
         for epoch in range(args.update_epochs):
@@ -1041,7 +1060,7 @@ def train(args: Args):
                     clips = (args.vtrace_rho_clip, args.vtrace_c_clip)
                     advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma,
                                                       args.gae_lambda, ratio, *clips)  # fmt: skip
-                    rho_clipfracs.append((ratio > args.vtrace_rho_clip).float().mean().item())
+                    rho_clipfracs.append((ratio > args.vtrace_rho_clip).float().mean())
             b_advantages = advantages.reshape(-1)
             b_returns = returns.reshape(-1)
             # [11] Advantage normalisation over the whole batch (OpenAI's PPG code), not per minibatch as in CleanRL.
@@ -1057,7 +1076,7 @@ def train(args: Args):
                     # calculate approx_kl http://joschu.net/blog/kl-approx.html
                     old_approx_kl = (-logratio).mean()
                     approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean().item()]
+                    clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean()]
 
                 pg_loss = clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef, mb_weights)
                 v_clip = args.clip_range_vf if args.clip_vloss else None
@@ -1065,7 +1084,7 @@ def train(args: Args):
                     newvalue.view(-1), b_values[mb_inds], b_returns[mb_inds], v_clip, mb_weights
                 )
                 if mb_weights is not None:
-                    mb_weight_means.append(mb_weights.mean().item())
+                    mb_weight_means.append(mb_weights.mean())
                 entropy_loss = entropy.mean()  # [15] entropy bonus, keeps exploring
                 rnd_loss = torch.zeros((), device=device)
                 if args.intrinsic_coef > 0:  # [33] the predictor learns on a random share of each minibatch
@@ -1094,15 +1113,15 @@ def train(args: Args):
         stats = {
             "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
             "losses/entropy": entropy_loss.item(), "losses/old_approx_kl": old_approx_kl.item(),
-            "losses/approx_kl": approx_kl.item(), "losses/clipfrac": np.mean(clipfracs),
+            "losses/approx_kl": approx_kl.item(), "losses/clipfrac": torch.stack(clipfracs).mean().item(),
             "losses/explained_variance": explained_var,
         }  # fmt: skip
         if args.vtrace:  # the share of importance ratios above the clip, over the recomputing epochs
-            stats["losses/vtrace_rho_clipfrac"] = np.mean(rho_clipfracs or [0.0])
+            stats["losses/vtrace_rho_clipfrac"] = torch.stack(rho_clipfracs).mean().item() if rho_clipfracs else 0.0
         if args.intrinsic_coef > 0:  # the mean normalised intrinsic reward, and the predictor's loss
             stats["charts/intrinsic_reward"], stats["losses/rnd_loss"] = intrinsic.mean().item(), rnd_loss.item()
         if args.prio_alpha > 0:  # the mean importance weight of the sampled segments
-            stats["losses/prio_mean_weight"] = np.mean(mb_weight_means)
+            stats["losses/prio_mean_weight"] = torch.stack(mb_weight_means).mean().item()
             writer.add_scalar("charts/prio_beta", beta, global_step)
         for tag, value in zip(stats, rank_reduce(list(stats.values()), args.world_size), strict=True):
             writer.add_scalar(tag, value, global_step)
