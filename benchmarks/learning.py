@@ -178,6 +178,45 @@ def report(opts):
     print(f"wrote {opts.out / 'LEARNING.md'} and {opts.out / 'learning.png'}")
 
 
+COMPARED = ("losses/approx_kl", "losses/clipfrac", "losses/policy_loss", "losses/value_loss", "losses/entropy",
+            "losses/explained_variance")  # fmt: skip
+
+
+def compare(opts):
+    """Two runs that differ in one option (same seed, same flags otherwise): their statistics side by side."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = []
+    for run_dir in opts.run_dirs:
+        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+        acc.Reload()
+        runs.append({tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]})
+    a, b = opts.labels
+    lines = [f"# {a} against {b}: {opts.title}", "", f"- {a}: `{opts.run_dirs[0].name}`",
+             f"- {b}: `{opts.run_dirs[1].name}`", "",
+             f"| statistic | mean {a} | mean {b} | {b} - {a} | largest per-iteration difference |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for tag in COMPARED:
+        if tag not in runs[0] or tag not in runs[1]:
+            continue
+        steps = sorted(set(dict(runs[0][tag])) & set(dict(runs[1][tag])))
+        xa, xb = (np.array([dict(r[tag])[s] for s in steps]) for r in runs)
+        lines.append(f"| {tag} | {xa.mean():.4g} | {xb.mean():.4g} | {xb.mean() - xa.mean():+.3g} | "
+                     f"{np.abs(xb - xa).max():.3g} |")  # fmt: skip
+    for tag in ("charts/episodic_return", "charts/test_episodic_return"):
+        if tag in runs[0] and tag in runs[1]:
+            ra, rb = ([v for _, v in r[tag]] for r in runs)
+            lines.append(f"| {tag} (all episodes) | {np.mean(ra):.3g} ({len(ra)}) | {np.mean(rb):.3g} ({len(rb)}) | "
+                         f"{np.mean(rb) - np.mean(ra):+.3g} | |")  # fmt: skip
+    shown = [t for t in ("losses/approx_kl", "losses/clipfrac") if t in runs[0] and t in runs[1]]
+    lines += ["", "Per iteration:", "", "| step | " + " | ".join(f"{t} {x}" for t in shown for x in (a, b)) + " |",
+              "|---" * (1 + 2 * len(shown)) + "|"]  # fmt: skip
+    for step in sorted(set.intersection(*(set(dict(r[t])) for r in runs for t in shown))) if shown else []:
+        lines.append(f"| {step:,} | " + " | ".join(f"{dict(r[t])[step]:.4g}" for t in shown for r in runs) + " |")
+    opts.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {opts.out}")
+
+
 def main():
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -195,8 +234,13 @@ def main():
     p_report.add_argument("--title", default="returns against steps", help="what the runs were (machine, steps)")
     for p in (p_run, p_report):
         p.add_argument("--runs", type=Path, default=HERE / "learning_runs", help="the folder holding runs/")
+    p_compare = sub.add_parser("compare", help="two runs' statistics side by side (one option changed)")
+    p_compare.add_argument("run_dirs", nargs=2, type=Path, help="the two runs' TensorBoard directories")
+    p_compare.add_argument("--labels", nargs=2, default=["A", "B"], help="what each run was")
+    p_compare.add_argument("--title", default="same seed", help="what the runs were (machine, steps, flags)")
+    p_compare.add_argument("--out", type=Path, default=HERE / "COMPARE.md", help="the markdown file written")
     opts = parser.parse_args(argv)
-    run(opts, extra) if opts.command == "run" else report(opts)
+    {"run": lambda: run(opts, extra), "report": lambda: report(opts), "compare": lambda: compare(opts)}[opts.command]()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,17 @@ def test_throughput_quick_writes_a_table_and_a_chart(tmp_path):
     assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def compare_rows(run_a, run_b, out):
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "compare", str(run_a), str(run_b),
+           "--labels", "a", "b", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [
+        [c.strip() for c in line.split("|")[1:-1]] for line in out.read_text().splitlines() if line.startswith("| ")
+    ]
+    return [r for r in rows if r[0].startswith("losses/")], [r for r in rows if re.fullmatch(r"[\d,]+", r[0])]
+
+
 def test_learning_report_from_smoke_runs(tmp_path):
     runs, learning = tmp_path / "runs_dir", ROOT / "benchmarks" / "learning.py"
     for name in ("ppo_procgen", "ppg_procgen"):  # real small runs, each with its own smoke flags
@@ -44,3 +55,13 @@ def test_learning_report_from_smoke_runs(tmp_path):
     ]
     assert all(float(r[7]) > 0 for r in rows)  # the random policy's return on the same levels
     assert (tmp_path / "learning.png").read_bytes()[:4] == b"\x89PNG"
+
+    # compare: a run against itself differs nowhere; PPO against PPG differs
+    ppg_run, ppo_run = sorted((runs / "runs").iterdir())
+    stats, per_iteration = compare_rows(ppo_run, ppo_run, tmp_path / "same.md")
+    assert [r[0] for r in stats] == list(__import__("learning").COMPARED)
+    assert all(r[1] == r[2] and float(r[3]) == 0 and float(r[4]) == 0 for r in stats)
+    assert [r[0] for r in per_iteration] == ["128", "256"] and all(r[1] == r[2] and r[3] == r[4] for r in per_iteration)
+    stats, per_iteration = compare_rows(ppo_run, ppg_run, tmp_path / "algorithms.md")
+    assert len(stats) == 6 and all(float(r[4]) > 0 for r in stats if r[0] != "losses/clipfrac")
+    assert len(per_iteration) == 2 and per_iteration[0][1] != per_iteration[0][2]  # approx_kl
