@@ -179,7 +179,7 @@ def report(opts):
 
 
 COMPARED = ("losses/approx_kl", "losses/clipfrac", "losses/policy_loss", "losses/value_loss", "losses/entropy",
-            "losses/explained_variance")  # fmt: skip
+            "losses/explained_variance", "perf/inference_seconds", "perf/update_seconds")  # fmt: skip
 
 
 def compare(opts):
@@ -203,11 +203,12 @@ def compare(opts):
         xa, xb = (np.array([dict(r[tag])[s] for s in steps]) for r in runs)
         lines.append(f"| {tag} | {xa.mean():.4g} | {xb.mean():.4g} | {xb.mean() - xa.mean():+.3g} | "
                      f"{np.abs(xb - xa).max():.3g} |")  # fmt: skip
+    horizon = min(max((s for s, _ in r.get("charts/SPS", [])), default=np.inf) for r in runs)  # the shorter run
     for tag in ("charts/episodic_return", "charts/test_episodic_return"):
         if tag in runs[0] and tag in runs[1]:
-            ra, rb = ([v for _, v in r[tag]] for r in runs)
-            lines.append(f"| {tag} (all episodes) | {np.mean(ra):.3g} ({len(ra)}) | {np.mean(rb):.3g} ({len(rb)}) | "
-                         f"{np.mean(rb) - np.mean(ra):+.3g} | |")  # fmt: skip
+            ra, rb = ([v for s, v in r[tag] if s <= horizon] for r in runs)
+            lines.append(f"| {tag} (episodes to step {horizon:,}) | {np.mean(ra):.3g} ({len(ra)}) | "
+                         f"{np.mean(rb):.3g} ({len(rb)}) | {np.mean(rb) - np.mean(ra):+.3g} | |")  # fmt: skip
     shown = [t for t in ("losses/approx_kl", "losses/clipfrac") if t in runs[0] and t in runs[1]]
     lines += ["", "Per iteration:", "", "| step | " + " | ".join(f"{t} {x}" for t in shown for x in (a, b)) + " |",
               "|---" * (1 + 2 * len(shown)) + "|"]  # fmt: skip
