@@ -4,8 +4,8 @@
     python benchmarks/learning.py run --env-ids starpilot bossfight bigfish --seeds 1 2 3 --total-timesteps 25000000
     python benchmarks/learning.py report
     # a short check on a CPU, with extra flags passed to the scripts after --
-    python benchmarks/learning.py run --env-ids starpilot --seeds 1 2 --total-timesteps 200000 --parallel 2 \\
-        -- --num-envs 16 --num-steps 128 --num-minibatches 4
+    OMP_NUM_THREADS=1 python benchmarks/learning.py run --scripts ppo_procgen --seeds 1 2 --total-timesteps 204800 \\
+        --parallel 2 -- --num-envs 16 --num-steps 256 --num-minibatches 8 --env-threads 1
 
 `run` trains every script x game x seed, each logging to its own TensorBoard directory under `--runs`, at most
 `--parallel` at a time, and measures a random policy on the same training levels. `report` reads the events
@@ -20,6 +20,7 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -44,7 +45,7 @@ EASY_RANGES = {
 }  # fmt: skip
 
 
-def random_policy_return(env_id, episodes=200, seed=1):
+def random_policy_return(env_id, episodes=500, seed=1):
     """The mean return of uniformly random actions on the training levels (200, easy), per-env episode quotas."""
     sys.path.insert(0, str(ROOT))
     import torch
@@ -53,9 +54,11 @@ def random_policy_return(env_id, episodes=200, seed=1):
 
     args = Args(env_id=env_id)
 
+    generator = torch.Generator().manual_seed(seed)  # the same actions, hence the same figure, on every call
+
     class RandomAgent:
         def get_action_and_value(self, obs):
-            return (torch.randint(0, 15, (obs.shape[0],)),)
+            return (torch.randint(0, 15, (obs.shape[0],), generator=generator),)
 
     envs = make_env(args, 20, args.num_levels, args.start_level, seed, train=False)
     returns = evaluate(RandomAgent(), envs, episodes, torch.device("cpu"))
@@ -76,7 +79,7 @@ def run(opts, extra):
         print("start:", " ".join(cmd[1:]), flush=True)
         procs.append(subprocess.Popen(cmd, cwd=opts.runs, stdout=log, stderr=subprocess.STDOUT))
     failed = [" ".join(p.args[1:]) for p in procs if p.wait() != 0]
-    baselines = {env_id: random_policy_return(env_id) for env_id in opts.env_ids}
+    baselines = {env_id: random_policy_return(env_id, opts.random_episodes) for env_id in opts.env_ids}
     (opts.runs / "random_policy.json").write_text(json.dumps(baselines, indent=1))
     print(f"done in {(time.time() - started) / 60:.0f} min; random policy: {baselines}")
     if failed:
@@ -166,7 +169,7 @@ def report(opts):
         ax.set_xlabel("environment steps")
         ax.set_ylabel("episodic return (mean of last 100 episodes)")
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(opts.title, fontsize=9)
+    fig.suptitle(textwrap.fill(opts.title, 90 * len(games)), fontsize=8)
     fig.tight_layout()
     fig.savefig(opts.out / "learning.png", dpi=100)
 
@@ -239,6 +242,7 @@ def main():
     p_run.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     p_run.add_argument("--total-timesteps", type=int, default=25_000_000)
     p_run.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    p_run.add_argument("--random-episodes", type=int, default=500, help="episodes of the random-policy baseline")
     p_report = sub.add_parser("report", help="plot and tabulate the runs")
     p_report.add_argument("--out", type=Path, default=HERE, help="where learning.png and LEARNING.md go")
     p_report.add_argument("--title", default="returns against steps", help="what the runs were (machine, steps)")

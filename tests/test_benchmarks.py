@@ -43,7 +43,8 @@ def test_learning_report_from_smoke_runs(tmp_path):
     runs, learning = tmp_path / "runs_dir", ROOT / "benchmarks" / "learning.py"
     for name in ("ppo_procgen", "ppg_procgen"):  # real small runs, each with its own smoke flags
         cmd = [sys.executable, str(learning), "run", "--scripts", name, "--env-ids", "starpilot", "--seeds", "1",
-               "--total-timesteps", "256", "--runs", str(runs), "--", *smoke_args(name)]  # fmt: skip
+               "--total-timesteps", "256", "--random-episodes", "20", "--runs", str(runs), "--",
+               *smoke_args(name)]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = [sys.executable, str(learning), "report", "--runs", str(runs), "--out", str(tmp_path), "--title", "smoke"]
