@@ -784,6 +784,18 @@ def log_episodes(episodes, infos, global_step, tag):
 
 
 # [30] Data parallelism under torchrun: one flattened all-reduce of the gradients per step, global statistics.
+def init_process_group(backend):
+    """[30] Join the process group. Under torchrun the agent's store outlives a restart, keys and all: each round
+    rendezvouses under its own prefix, so a restarted process never dials the address of a dead one."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return dist.init_process_group(backend)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    store = dist.PrefixStore(f"round_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+    dist.init_process_group(
+        backend, store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
+    )
+
+
 def all_reduce_grads(params, world_size):
     """Average the gradients over the processes, in one all-reduce of all of them flattened together."""
     if world_size == 1:
@@ -1013,7 +1025,7 @@ def train(args: Args):
     if args.world_size > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
+        init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
     # under torchrun every process, and every restart of the job, agrees on the run's name
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{os.environ.get('TORCHELASTIC_RUN_ID', int(time.time()))}"
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and glob.glob(f"runs/{run_name}/checkpoints/iter_*"):
