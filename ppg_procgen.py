@@ -428,7 +428,7 @@ class ToDevice:
         if self.device.type != "cuda":
             return torch.as_tensor(array, device=self.device, dtype=dtype)
         host = torch.as_tensor(array, dtype=dtype)
-        if key not in self.pinned or self.pinned[key].shape != host.shape or self.pinned[key].dtype != host.dtype:
+        if key not in self.pinned:  # an env's arrays keep their shape and dtype
             self.pinned[key] = torch.empty_like(host).pin_memory()
         return self.pinned[key].copy_(host).to(self.device, non_blocking=True)
 

@@ -211,8 +211,9 @@ def compare(opts):
     for tag in COMPARED:
         if tag not in runs[0] or tag not in runs[1]:
             continue
-        steps = sorted(set(dict(runs[0][tag])) & set(dict(runs[1][tag])))
-        xa, xb = (np.array([dict(r[tag])[s] for s in steps]) for r in runs)
+        by_step = [dict(r[tag]) for r in runs]  # one value per iteration
+        steps = sorted(by_step[0].keys() & by_step[1].keys())
+        xa, xb = (np.array([d[s] for s in steps]) for d in by_step)
         lines.append(f"| {tag} | {xa.mean():.4g} | {xb.mean():.4g} | {xb.mean() - xa.mean():+.3g} | "
                      f"{np.abs(xb - xa).max():.3g} |")  # fmt: skip
     horizon = min(max((s for s, _ in r.get("charts/SPS", [])), default=np.inf) for r in runs)  # the shorter run
@@ -224,8 +225,9 @@ def compare(opts):
     shown = [t for t in ("losses/approx_kl", "losses/clipfrac") if t in runs[0] and t in runs[1]]
     lines += ["", "Per iteration:", "", "| step | " + " | ".join(f"{t} {x}" for t in shown for x in (a, b)) + " |",
               "|---" * (1 + 2 * len(shown)) + "|"]  # fmt: skip
-    for step in sorted(set.intersection(*(set(dict(r[t])) for r in runs for t in shown))) if shown else []:
-        lines.append(f"| {step:,} | " + " | ".join(f"{dict(r[t])[step]:.4g}" for t in shown for r in runs) + " |")
+    by_step = [[dict(r[t]) for r in runs] for t in shown]
+    for step in sorted(set.intersection(*(set(d) for pair in by_step for d in pair))) if shown else []:
+        lines.append(f"| {step:,} | " + " | ".join(f"{d[step]:.4g}" for pair in by_step for d in pair) + " |")
     opts.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {opts.out}")
 
