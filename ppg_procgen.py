@@ -1,10 +1,11 @@
 # PPG: https://arxiv.org/abs/2009.04416 -- built on PPO: https://arxiv.org/abs/1707.06347
 """Phasic Policy Gradient (PPG) on the Procgen benchmark, in one file: ppo_procgen.py plus the auxiliary phase.
 
-The defaults are the PPG paper's Procgen setup (starpilot, easy, 200 training levels, 25M steps,
-64 envs x 256 steps, 8 minibatches; phases of 32 policy iterations, then 6 auxiliary epochs; separate
-policy and value networks). Every finished training episode is logged, and a held-out test env on
-the full level distribution is logged beside it.
+The defaults are the Procgen paper's easy generalisation setup (starpilot, easy, 200 training levels,
+25M steps, 64 envs x 256 steps, 8 minibatches) with the PPG paper's phases (32 policy iterations, then
+6 auxiliary epochs; separate policy and value networks); the PPG paper's own runs used hard mode on
+all levels (the README gives the flags). Every finished training episode is logged, and a held-out
+test env on the full level distribution is logged beside it.
 
 Run it:
     python ppg_procgen.py                                    # default run, CUDA when present
@@ -410,7 +411,8 @@ def make_env(args: Args, num_envs: int, num_levels: int, start_level: int, seed:
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     if train and args.norm_reward:
-        # [5] Reward scaling by the std of the discounted return, with the training discount, then clipping.
+        # [5] Reward scaling by the std of the discounted return so far, with the training discount (OpenAI's PPG
+        # code uses 0.99), then clipping; under torchrun each process keeps its own statistics.
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
         envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     return envs
@@ -683,7 +685,8 @@ def clipped_policy_loss(logratio, advantages, clip_coef, weights=None):
     return weighted_mean(torch.max(pg_loss1, pg_loss2), weights)
 
 
-# [14] Value loss, clipped around the rollout's values by its own range (None: plain squared error).
+# [14] Value loss, clipped around the rollout's values by its own range (None: plain squared error); the 0.5 and
+# the clip are PPO2's and CleanRL's (OpenAI's PPG code: vf_coef x the squared error, never clipped).
 def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf, weights=None):
     v_loss_unclipped = (newvalue - returns) ** 2
     if clip_range_vf is None:
@@ -1083,7 +1086,7 @@ def train(args: Args):
         for p in agent.parameters():
             dist.broadcast(p.data, src=0)
     torch.manual_seed(args.seed + args.rank)  # ... but each process samples its own actions
-    # [8] Adam with epsilon 1e-5 rather than PyTorch's 1e-8, as in the reference PPO code.
+    # [8] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
 
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
@@ -1245,16 +1248,19 @@ def train(args: Args):
                 if args.intrinsic_coef > 0:  # [33] the predictor learns on a random share of each minibatch
                     share = torch.rand(len(mb_inds), device=device) < args.rnd_update_proportion
                     rnd_loss = (agent.rnd.prediction_error(b_obs[mb_inds]) * share).sum() / share.sum().clamp(min=1)
-                # [24] E_pi policy epochs and E_V value epochs share their minibatch passes
-                loss = (pg_loss - args.ent_coef * entropy_loss) * (epoch < args.e_policy) + v_loss * args.vf_coef * (
-                    epoch < args.v_value
-                )
-                loss = loss + rnd_loss
+                # [24] E_pi policy epochs and E_V value epochs share their minibatch passes. An epoch past E_pi (or
+                # E_V) leaves that loss out: what only it reaches gets no gradient (None), and Adam skips it; a loss
+                # multiplied by 0 would give zero gradients, and Adam would still move those weights on its momentum.
+                loss = rnd_loss
+                if epoch < args.e_policy:
+                    loss = loss + pg_loss - args.ent_coef * entropy_loss
+                if epoch < args.v_value:
+                    loss = loss + v_loss * args.vf_coef
 
                 optimizer.zero_grad()
                 loss.backward()
                 all_reduce_grads(agent.parameters(), args.world_size)
-                # [16] Global gradient-norm clipping.
+                # [16] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
 

@@ -88,3 +88,30 @@ def test_learning_rate_anneals_over_the_run_not_per_phase(tmp_path, monkeypatch)
     lrs = [value for _, value in scalars["charts/learning_rate"]]
     assert lrs == pytest.approx([5e-4, 3.75e-4, 2.5e-4, 1.25e-4])
     assert len(scalars["losses/aux/kl_loss"]) == 2
+
+
+@pytest.mark.parametrize("arch", ["dual", "detach"])
+def test_an_epoch_without_the_policy_loss_leaves_the_policy_bitwise_unchanged(tmp_path, monkeypatch, arch):
+    ppg = load_script("ppg_procgen")
+    monkeypatch.chdir(tmp_path)
+    moved, adam_step = [], torch.optim.Adam.step
+
+    def recording_step(self, *args, **kwargs):  # which parameters each optimizer step changed
+        params = self.param_groups[0]["params"]
+        before = [p.detach().clone() for p in params]
+        result = adam_step(self, *args, **kwargs)
+        moved.append([not torch.equal(b, p) for b, p in zip(before, params, strict=True)])
+        return result
+
+    monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
+    flags = [*smoke_args("ppg_procgen"), "--arch", arch, "--e-policy", "1", "--v-value", "2", "--eval-interval", "0"]
+    args = tyro.cli(ppg.Args, args=flags)
+    ppg.train(args)
+    names = [name for name, _ in ppg.Agent(args, 15).named_parameters()]  # the optimizer's order
+    # per iteration 2 epochs x 2 minibatches: steps 0-1 train both losses, steps 2-3 only the value loss
+    for i in range(2 * 4):
+        changed = {name for name, m in zip(names, moved[i], strict=True) if m}
+        policy_only = {n for n in changed if n.startswith(("network.", "actor."))}
+        assert any(n.startswith("critic.") for n in changed), (i, changed)  # the value head learns in every step
+        assert bool(policy_only) == (i % 4 < 2), (i, sorted(policy_only))
+        assert not any(n.startswith("aux_critic.") for n in changed)  # the auxiliary phase alone trains it
