@@ -12,7 +12,8 @@ It measures, on this machine and in this one run:
       that the drift of a shared machine falls on all of them alike;
   (e) the peak memory (resident set) of every run.
 Each configuration runs as its own process of the real script; figures are medians over the repetitions.
-Results go to RESULTS.md and throughput.png in --out (this folder by default).
+Results go to RESULTS.md and throughput.png in --out: this folder by default, and with --quick its quick/
+subfolder (git-ignored), so that a check never overwrites the committed measurement.
 """
 
 import argparse
@@ -98,15 +99,22 @@ def machine():
     return f"{platform.machine()}, {cores}, Python {platform.python_version()}, torch {torch.__version__}"
 
 
+def default_out(quick):
+    """The committed results live beside this file; a quick check writes to a git-ignored subfolder instead."""
+    here = Path(__file__).resolve().parent
+    return here / "quick" if quick else here
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a check, not a measurement")
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every configuration (2; quick: 1)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent, help="where results go")
+    parser.add_argument("--out", type=Path, default=None, help="where results go (this folder; quick: its quick/)")
     parser.add_argument("--suite", choices=["speed", "options"], default="speed",
                         help="speed: the speed options at default sizes (RESULTS.md); options: V-trace, prioritised "
                         "sampling and RND against plain PPO at 16 envs (OPTIONS.md)")  # fmt: skip
     opts = parser.parse_args()
+    opts.out = opts.out or default_out(opts.quick)
     reps = opts.reps or (1 if opts.quick else 2)
     configs = CONFIGS if opts.suite == "speed" else OPTION_CONFIGS
     sizes = QUICK_SIZES if opts.quick else (OPTION_SIZES if opts.suite == "options" else [])

@@ -26,6 +26,16 @@ def test_throughput_quick_writes_a_table_and_a_chart(tmp_path):
     assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_quick_mode_never_writes_over_the_committed_results():
+    throughput = __import__("throughput")
+    committed = ROOT / "benchmarks"
+    assert throughput.default_out(quick=False) == committed
+    quick = throughput.default_out(quick=True)
+    assert quick != committed and (quick / "RESULTS.md") != (committed / "RESULTS.md")
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(quick / "RESULTS.md")], cwd=ROOT)
+    assert ignored.returncode == 0  # git ignores what a quick check writes
+
+
 def compare_rows(run_a, run_b, out):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "compare", str(run_a), str(run_b),
            "--labels", "a", "b", "--out", str(out)]  # fmt: skip
