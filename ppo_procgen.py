@@ -1,9 +1,10 @@
 # PPO: https://arxiv.org/abs/1707.06347 -- Procgen setup of PPG: https://arxiv.org/abs/2009.04416
 """Proximal Policy Optimization (PPO) on the Procgen benchmark, in one file.
 
-The defaults are the Procgen setup of the PPG paper (starpilot, easy, 200 training levels,
-25M steps, 64 envs x 256 steps, 8 minibatches, 3 epochs). Every finished training episode is
-logged, and a held-out test env on the full level distribution is logged beside it.
+The defaults are the Procgen paper's easy generalisation setup (starpilot, easy, 200 training
+levels, 25M steps, 64 envs x 256 steps, 8 minibatches, 3 epochs); the PPG paper's own runs used
+hard mode on all levels (the README gives the flags). Every finished training episode is logged,
+and a held-out test env on the full level distribution is logged beside it.
 
 Run it:
     python ppo_procgen.py                                    # default run, CUDA when present
@@ -356,7 +357,8 @@ def make_env(args: Args, num_envs: int, num_levels: int, start_level: int, seed:
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     if train and args.norm_reward:
-        # [5] Reward scaling by the std of the discounted return, with the training discount, then clipping.
+        # [5] Reward scaling by the std of the discounted return so far, with the training discount (OpenAI's PPG
+        # code uses 0.99), then clipping; under torchrun each process keeps its own statistics.
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
         envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     return envs
@@ -599,7 +601,8 @@ def clipped_policy_loss(logratio, advantages, clip_coef, weights=None):
     return weighted_mean(torch.max(pg_loss1, pg_loss2), weights)
 
 
-# [14] Value loss, clipped around the rollout's values by its own range (None: plain squared error).
+# [14] Value loss, clipped around the rollout's values by its own range (None: plain squared error); the 0.5 and
+# the clip are PPO2's and CleanRL's (OpenAI's PPG code: vf_coef x the squared error, never clipped).
 def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf, weights=None):
     v_loss_unclipped = (newvalue - returns) ** 2
     if clip_range_vf is None:
@@ -953,7 +956,7 @@ def train(args: Args):
         for p in agent.parameters():
             dist.broadcast(p.data, src=0)
     torch.manual_seed(args.seed + args.rank)  # ... but each process samples its own actions
-    # [8] Adam with epsilon 1e-5 rather than PyTorch's 1e-8, as in the reference PPO code.
+    # [8] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
 
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
@@ -1107,7 +1110,7 @@ def train(args: Args):
                 optimizer.zero_grad()
                 loss.backward()
                 all_reduce_grads(agent.parameters(), args.world_size)
-                # [16] Global gradient-norm clipping.
+                # [16] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
 
