@@ -19,32 +19,48 @@ Run it:
     tensorboard --logdir runs                                # read the logs
 """
 
+import contextlib
 import copy
 import glob
+import io
 import os
 import random
 import signal
 import sys
 import time
+import warnings
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Annotated, Literal
 
-import gymnasium as gym
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.optim as optim
-import tyro
-from torch.distributions.categorical import Categorical
-from torch.utils.tensorboard import SummaryWriter
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+if not (3, 10) <= sys.version_info[:2] <= (3, 13):  # the Pythons that a procgen package serves (see ProcgenVecEnv)
+    sys.exit(f"{SCRIPT}.py: error: Python {sys.version.split()[0]} is not supported: use Python 3.10 to 3.13")
+try:
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.optim as optim
+    import tyro
+    from torch.distributions.categorical import Categorical
+    from torch.utils.tensorboard import SummaryWriter
+
+    with contextlib.redirect_stderr(io.StringIO()):  # the old `gym` that procgen imports prints a notice
+        try:
+            from procgen import ProcgenGym3Env as Procgen  # procgen (Python 3.10), procgen-mirror (3.11, 3.12)
+        except ImportError:
+            from procgen_gym import ProcgenVecEnv as Procgen  # procgen-gym (3.13): the same C++ games
+except ImportError as exc:
+    missing = "procgen" if exc.name in ("procgen", "procgen_gym") else exc.name
+    sys.exit(f"{SCRIPT}.py: error: {missing} is not installed for Python {sys.version.split()[0]}: "
+             "pip install -r requirements.txt")  # fmt: skip
 
 PROCGEN_GAMES = (
     "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
     "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
 )  # fmt: skip
-SCRIPT = os.path.basename(__file__)[: -len(".py")]
 # the flags a checkpoint must share with a run that loads it: they shape the network, and the rollout
 NETWORK_FLAGS = ("feature_dim", "hidden_dim")
 ROLLOUT_FLAGS = ("env_id", "distribution_mode", "num_levels", "start_level", "num_envs", "num_steps", "num_eval_envs")
@@ -61,30 +77,6 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`"""
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "procgen"
-    """the wandb's project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """if toggled, write videos of test env 0 (episodes 0, 1, 8, 27, ...) to `videos/{run_name}`"""
-    save_model: bool = False
-    """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
-    tune_malloc: bool = True
-    """keep glibc's freed memory for reuse instead of unmapping it (about 1.7x faster updates on CPU)"""
-    checkpoint_interval: int = 0
-    """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on SIGINT/SIGTERM)"""
-    keep_checkpoints: int = 3
-    """keep this many of the newest checkpoints"""
-    resume: str | None = None
-    """continue from a checkpoint, or from the newest one in a run directory; its flags become the defaults"""
-    eval_only: str | None = None
-    """evaluate a checkpoint or a `--save-model` file: print the mean and std of the returns, and exit"""
-    eval_episodes: int = 100
-    """the number of episodes `--eval-only` plays"""
-    eval_train_levels: bool = False
-    """make `--eval-only` play the training levels instead of the held-out test levels"""
 
     # Environment
     env_id: str = "starpilot"
@@ -129,10 +121,9 @@ class Args:
     """toggles advantages normalization (over the whole batch)"""
     clip_coef: Annotated[float, tyro.conf.arg(aliases=("--clip-range",))] = 0.2
     """the surrogate clipping coefficient (rllte: `clip_range`)"""
-    clip_vloss: bool = True
-    """toggles whether or not to use a clipped loss for the value function, as per the paper"""
     clip_range_vf: float | None = 0.2
-    """the value clipping range, its own value (not tied to `clip_coef`); None disables value clipping"""
+    """the value clipping range, its own value (not tied to `clip_coef`); None turns value clipping off, like
+    CleanRL's `--no-clip-vloss`"""
     ent_coef: float = 0.01
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -149,12 +140,44 @@ class Args:
     """the size of the encoder's output (the dense layer after the IMPALA CNN)"""
     hidden_dim: int = 0
     """the size of a hidden layer in each head; 0 = linear heads, as in the papers"""
+    init_fn: Literal["orthogonal", "xavier_uniform", "xavier_normal", "normed"] = "orthogonal"
+    """the weight initialisation: orthogonal (CleanRL), xavier_* (rllte), normed (the PPG paper)"""
+
+    # Logging, saving, checkpoints and evaluation
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "procgen"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """if toggled, write videos of test env 0 (episodes 0, 1, 8, 27, ...) to `videos/{run_name}`"""
+    save_model: bool = False
+    """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
+    checkpoint_interval: int = 0
+    """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on SIGINT/SIGTERM)"""
+    keep_checkpoints: int = 3
+    """keep this many of the newest checkpoints"""
+    resume: str | None = None
+    """continue from a checkpoint, or from the newest one in a run directory; its flags become the defaults"""
+    eval_only: str | None = None
+    """evaluate a checkpoint or a `--save-model` file: print the mean and std of the returns, and exit"""
+    eval_episodes: int = 100
+    """the number of episodes `--eval-only` plays"""
+    eval_train_levels: bool = False
+    """make `--eval-only` play the training levels instead of the held-out test levels"""
+
+    # Options beyond the anchors
     vtrace: bool = False
     """recompute the advantages by V-trace before every epoch after the first, from the current policy's ratios"""
     vtrace_rho_clip: float = 1.0
     """the clip of the importance ratio rho that weights the V-trace TD errors"""
     vtrace_c_clip: float = 1.0
     """the clip of the trace ratio c that carries later TD errors back in V-trace"""
+    prio_alpha: float = 0.0
+    """prioritised minibatches of whole env segments, P ~ (sum of |advantage|)^alpha; 0 = off: each sample once"""
+    prio_beta0: float = 0.6
+    """the exponent of the importance weights (N P)^-beta at the start, annealed linearly to 1 over the run"""
     intrinsic_coef: float = 0.0
     """the weight of RND's intrinsic reward, added to the extrinsic reward before GAE; 0 = off"""
     pretraining: bool = False
@@ -165,12 +188,8 @@ class Args:
     """start from the weights of a checkpoint or saved model (after --pretraining, say), with a fresh optimizer"""
     autocast: Literal["off", "bf16"] = "off"
     """run the network in bfloat16 autocast (losses, ratios and the optimizer stay in fp32)"""
-    prio_alpha: float = 0.0
-    """prioritised minibatches of whole env segments, P ~ (sum of |advantage|)^alpha; 0 = off: each sample once"""
-    prio_beta0: float = 0.6
-    """the exponent of the importance weights (N P)^-beta at the start, annealed linearly to 1 over the run"""
-    init_fn: Literal["orthogonal", "xavier_uniform", "xavier_normal", "normed"] = "orthogonal"
-    """the weight initialisation: orthogonal (CleanRL), xavier_* (rllte), normed (the PPG paper)"""
+    tune_malloc: bool = True
+    """keep glibc's freed memory for reuse instead of unmapping it (about 1.7x faster updates on CPU)"""
 
     # Distributed (under torchrun)
     backend: str | None = None
@@ -272,7 +291,9 @@ def check_args(args: Args) -> None:
 
 # [1] Procgen as one gymnasium vector env: procgen steps all its envs in C, in its own threads.
 class ProcgenVecEnv(gym.vector.VectorEnv):
-    """Procgen's gym3 env as a `gymnasium.vector.VectorEnv`.
+    """Procgen as a `gymnasium.vector.VectorEnv`, over the package that serves this Python: `procgen` (3.10) and
+    `procgen-mirror` (3.11, 3.12) give gym3's `ProcgenGym3Env`; `procgen-gym` (3.13) is a gymnasium port of the
+    same C++ games that, for one seed and one action stream, steps bit for bit like them (tests/test_env.py).
 
     Procgen restarts a finished env inside the same `step` (gymnasium's SAME_STEP autoreset): the
     observation returned with `terminated=True` is the first one of the next episode. Procgen has no
@@ -283,17 +304,12 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
 
     def __init__(self, env_id, num_envs, num_levels, start_level, distribution_mode, seed, num_threads, video_dir=None):
-        import contextlib
-        import io
-
-        with contextlib.redirect_stderr(io.StringIO()):  # the old `gym` that procgen imports prints a notice
-            from procgen import ProcgenGym3Env
-
         # [2] Seeded level generator: `rand_seed` fixes which levels each env plays and in what order.
-        self.env = ProcgenGym3Env(
-            num=num_envs, env_name=env_id, num_levels=num_levels, start_level=start_level,
+        self.env = Procgen(
+            num_envs, env_id, num_levels=num_levels, start_level=start_level,
             distribution_mode=distribution_mode, rand_seed=seed, num_threads=num_threads,
         )  # fmt: skip
+        self.gym3 = hasattr(self.env, "act")  # procgen's gym3 env, or procgen-gym's gymnasium env
         self.num_envs = num_envs
         self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
         self.single_action_space = gym.spaces.Discrete(15)
@@ -302,22 +318,31 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         self.video_dir, self.video_episode, self.frames = video_dir, 0, []
 
     def reset(self, *, seed=None, options=None):
-        _, obs, _ = self.env.observe()
-        self.frames = [obs["rgb"][0]]
-        return obs["rgb"], {}
+        obs = self.env.observe()[1]["rgb"] if self.gym3 else self.env.reset()[0]
+        self.frames = [obs[0]]
+        return obs, {}
 
     def step(self, actions):
-        self.env.act(np.asarray(actions, dtype=np.int32))
-        reward, obs, first = self.env.observe()
+        actions = np.asarray(actions, dtype=np.int32)
+        if self.gym3:
+            self.env.act(actions)
+            reward, obs, first = self.env.observe()
+            obs = obs["rgb"]
+        else:  # procgen-gym's "terminated" is procgen's `first`: the same-step reset, whatever its metadata says
+            obs, reward, first, _, _ = self.env.step(actions)
         if self.video_dir is not None:
-            self._record(obs["rgb"][0], first[0])
-        return obs["rgb"], reward, first, np.zeros_like(first), {}
+            self._record(obs[0], first[0])
+        return obs, reward, first, np.zeros_like(first), {}
 
     def _record(self, frame, episode_ended):
         """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
         if episode_ended:
             if round(self.video_episode ** (1 / 3)) ** 3 == self.video_episode:
-                import imageio_ffmpeg
+                with (
+                    warnings.catch_warnings()
+                ):  # the imageio-ffmpeg that gym3 pins imports the deprecated pkg_resources
+                    warnings.simplefilter("ignore")
+                    import imageio_ffmpeg
 
                 os.makedirs(self.video_dir, exist_ok=True)
                 path = os.path.join(self.video_dir, f"episode-{self.video_episode}.mp4")
@@ -326,6 +351,7 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
                 for f in self.frames:
                     writer.send(np.ascontiguousarray(f))
                 writer.close()
+                Console().line(f"video: {path}")
             self.video_episode += 1
             self.frames = []
         self.frames.append(frame)
@@ -349,6 +375,40 @@ def tune_malloc():
         libc.mallopt(-8, 1)  # M_ARENA_MAX: one arena, so worker threads reuse the same heap
     except (OSError, AttributeError):
         pass  # not glibc (macOS, musl): nothing to tune
+
+
+class Console:
+    """What the user sees: lines, and a status line that a terminal rewrites in place (at most 4 times a second, so
+    the rollout does not wait on it). In a log file (not a terminal) the status line is left out."""
+
+    def __init__(self, enabled=True):
+        self.enabled, self.tty, self.shown = enabled, sys.stdout.isatty(), 0.0
+        self.start(0, 0)
+
+    def line(self, text):
+        if self.enabled:
+            print(("\r\033[K" if self.tty else "") + text, flush=True)
+
+    def start(self, step, total):
+        self.start_time, self.start_step, self.total = time.time(), step, total
+
+    def progress(self, text, step):
+        """The status line: `text`, the steps so far, the steps per second and the time the run has left."""
+        if self.enabled and self.tty and time.time() - self.shown > 0.25:
+            sps = (step - self.start_step) / max(time.time() - self.start_time, 1e-6)
+            left = f"{eta((self.total - step) / sps)} left" if sps > 0 else ""
+            print(f"\r\033[K{text}  step {step}/{self.total}  SPS {sps:.0f}  {left}", end="", flush=True)
+            self.shown = time.time()
+
+
+def eta(seconds):
+    return (
+        f"{seconds / 3600:.1f} h"
+        if seconds > 5400
+        else f"{seconds / 60:.0f} min"
+        if seconds > 90
+        else f"{seconds:.0f} s"
+    )
 
 
 def make_env(args: Args, num_envs: int, num_levels: int, start_level: int, seed: int, train: bool, video_dir=None):
@@ -873,7 +933,9 @@ def evaluate_saved(args: Args):
     device = resolve_device(args.device)
     agent = agent.to(device)
     levels = (args.num_levels, args.start_level) if args.eval_train_levels else (0, 0)
-    video_dir = f"videos/eval__{SCRIPT}__{args.seed}__{int(time.time())}" if args.capture_video else None
+    video_dir = (
+        f"videos/{args.env_id}__{args.exp_name}__eval__{args.seed}__{int(time.time())}" if args.capture_video else None
+    )
     num_envs = min(args.num_eval_envs, args.eval_episodes)
     envs = make_env(args, num_envs, *levels, args.seed + 2_000_003, train=False, video_dir=video_dir)
     returns = evaluate(agent, envs, args.eval_episodes, device)
@@ -914,6 +976,12 @@ def train(args: Args):
                 "resume", f"{resume_path}: made by {len(ckpt['ranks'])} processes, this run has {args.world_size}"
             )
         run_name = ckpt["run_name"]
+        if ckpt["iteration"] >= args.num_iterations:  # nothing left to do: say so, and write nothing
+            if args.rank == 0:
+                print(f"runs/{run_name} is complete: {ckpt['iteration']} of {args.num_iterations} iterations, "
+                      f"{ckpt['global_step']} steps; to extend it: python {SCRIPT}.py --resume runs/{run_name} "
+                      f"--total-timesteps {2 * args.total_timesteps}")  # fmt: skip
+            return run_name
     if args.track and args.rank == 0:
         import wandb
 
@@ -927,10 +995,16 @@ def train(args: Args):
         if args.rank == 0
         else NullWriter()
     )
+    args.device = str(device)  # the device used, not `auto`
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items()),
     )
+
+    console = Console(enabled=args.rank == 0)
+    console.line(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on {device}"
+                 f"{f' x {args.world_size} processes' if args.world_size > 1 else ''}; logs in runs/{run_name} "
+                 "(tensorboard --logdir runs)")  # fmt: skip
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -988,8 +1062,11 @@ def train(args: Args):
         set_rng_state(mine["rng"])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
         if args.rank == 0:
-            print(f"resumed from {resume_path}: iteration {ckpt['iteration']}, step {global_step}")
+            console.line(f"resumed from {resume_path}: iteration {ckpt['iteration']}, step {global_step}")
+        recent_returns.extend(ckpt.get("recent_returns", []))  # the console's averages go on as if never stopped
+        recent_test_returns.extend(ckpt.get("recent_test_returns", []))
     start_step = global_step
+    console.start(global_step, args.num_iterations * args.batch_size)
     stop = GracefulStop()
 
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -1026,6 +1103,9 @@ def train(args: Args):
             next_obs = to_device("obs", next_obs)
             next_done = to_device("done", np.logical_or(terminations, truncations), torch.float32)
             log_episodes(episodes, infos, global_step, "")
+            console.progress(
+                f"iter {iteration}/{args.num_iterations}  rollout {step + 1}/{args.num_steps}", global_step
+            )
 
         # [3] Held-out evaluation: the same stochastic policy on levels it never trains on.
         eval_start = time.perf_counter()
@@ -1094,9 +1174,8 @@ def train(args: Args):
                     clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean()]
 
                 pg_loss = clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef, mb_weights)
-                v_clip = args.clip_range_vf if args.clip_vloss else None
                 v_loss = clipped_value_loss(
-                    newvalue.view(-1), b_values[mb_inds], b_returns[mb_inds], v_clip, mb_weights
+                    newvalue.view(-1), b_values[mb_inds], b_returns[mb_inds], args.clip_range_vf, mb_weights
                 )
                 if mb_weights is not None:
                     mb_weight_means.append(mb_weights.mean())
@@ -1113,6 +1192,7 @@ def train(args: Args):
                 # [16] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
+                console.progress(f"iter {iteration}/{args.num_iterations}  update, epoch {epoch + 1}", global_step)
 
             # [17] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
             if args.target_kl is not None and rank_reduce([approx_kl.item()], args.world_size)[0] > args.target_kl:
@@ -1152,13 +1232,11 @@ def train(args: Args):
             (recent_test_returns if tag else recent_returns).append(r)
         sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/SPS", sps, global_step)
-        if args.rank == 0:
-            print(
-                f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps}  "
-                f"({time.time() - iteration_start:.1f}s/iter)  return {np.mean(recent_returns or [np.nan]):.2f}  "
-                f"test {np.mean(recent_test_returns or [np.nan]):.2f}",
-                flush=True,
-            )
+        console.line(
+            f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps}  "
+            f"({time.time() - iteration_start:.1f}s/iter, {eta((console.total - global_step) / max(sps, 1))} left)  "
+            f"return {np.mean(recent_returns or [np.nan]):.2f}  test {np.mean(recent_test_returns or [np.nan]):.2f}"
+        )
 
         # [26] Divergence guard: a non-finite loss or parameter stops the run before it reaches a checkpoint.
         watched = {"losses/policy_loss": pg_loss, "losses/value_loss": v_loss, "losses/entropy": entropy_loss}
@@ -1189,9 +1267,11 @@ def train(args: Args):
                 state = {
                     "script": SCRIPT, "args": given, "run_name": run_name, "iteration": iteration,
                     "global_step": global_step, "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                    "ranks": ranks,
+                    "ranks": ranks, "recent_returns": list(recent_returns),
+                    "recent_test_returns": list(recent_test_returns),
                 }  # fmt: skip
                 save_checkpoint(f"runs/{run_name}", f"iter_{iteration:08d}.pt", state, args.keep_checkpoints)
+                console.line(f"checkpoint: {ckpt_path}")
         if signum:
             if args.rank == 0:
                 print(f"stopped by {signal.Signals(signum).name} after iteration {iteration}, checkpoint {ckpt_path}\n"
@@ -1210,7 +1290,7 @@ def train(args: Args):
     if args.save_model and args.rank == 0:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         torch.save(agent.state_dict(), model_path)
-        print(f"model saved to {model_path}")
+        console.line(f"model saved to {model_path}")
 
     envs.close()
     if args.eval_interval > 0:

@@ -5,6 +5,13 @@ mode only from 1.4.0 on (PRs #1624 and #1668); with an older release these tests
 first is logged one step short, and an episode's last reward leaks into the next one's running return.
 """
 
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import load_script
@@ -81,3 +88,41 @@ def test_running_return_of_reward_normalisation_restarts_with_each_episode(name)
     assert wrapped.return_rms.count == pytest.approx(1e-4 + NUM_STEPS * NUM_ENVS)
     assert wrapped.return_rms.mean == pytest.approx(samples.mean(), rel=1e-6)
     assert wrapped.return_rms.var == pytest.approx(samples.var(), rel=1e-4)
+
+
+def other_python(version="3.13"):
+    """A python3.13 on PATH or under pyenv, or None."""
+    candidates = [shutil.which(f"python{version}")]
+    pyenv = os.path.expanduser(os.environ.get("PYENV_ROOT", "~/.pyenv"))
+    candidates += sorted(glob.glob(f"{pyenv}/versions/{version}*/bin/python{version}"))
+    for python in filter(None, candidates):
+        probe = subprocess.run(
+            [python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == str(tuple(map(int, version.split(".")))):
+            return python
+    return None
+
+
+def test_python_313_package_steps_like_this_pythons(request):
+    """procgen-gym (Python 3.13, numpy 2) against this Python's procgen package: same seed and actions, the same
+    observations, rewards, episode ends and game states, bit for bit. Its venv holds the env package and numpy."""
+    python = other_python()
+    if python is None:
+        pytest.skip("no Python 3.13 on this machine (PATH or pyenv)")
+    if sys.version_info[:2] == (3, 13):
+        pytest.skip("this Python is 3.13 already: there is no second package to compare with")
+    venv = Path(request.config.cache.mkdir("py313-procgen-gym"))
+    venv_python = venv / "bin" / "python"
+    if not venv_python.exists() or subprocess.run([venv_python, "-c", "import procgen_gym"]).returncode != 0:
+        subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
+        # the env package and what it imports, without the plotting and video extras its metadata asks for
+        pip = [venv_python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        subprocess.run([*pip, "--no-deps", "procgen-gym==0.1.1"], check=True)
+        subprocess.run([*pip, "numpy>=2", "gymnasium>=1.4", "filelock"], check=True)
+    stream = str(Path(__file__).parent / "env_stream.py")
+    here, there = (subprocess.run([p, stream], capture_output=True, text=True) for p in (sys.executable, venv_python))
+    assert here.returncode == 0 and there.returncode == 0, (here.stderr[-2000:], there.stderr[-2000:])
+    (digest, states, episodes, *_), (digest313, states313, *versions) = here.stdout.split(), there.stdout.split()
+    assert int(episodes) > 4 and "numpy 2." in " ".join(versions)
+    assert (digest, states) == (digest313, states313)
