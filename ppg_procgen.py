@@ -12,7 +12,7 @@ Run it:
     python ppg_procgen.py --arch detach --init-fn orthogonal # CleanRL's single-network variant
     python ppg_procgen.py --eval-interval 1 --num-eval-envs 64   # evaluate on held-out levels every iteration
     python ppg_procgen.py --device cuda --capture-video      # on a GPU, with videos of the test env
-    python ppg_procgen.py --total-timesteps 32768 --n-iteration 2 --num-envs 16 --num-steps 64   # a quick look on a CPU
+    python ppg_procgen.py --total-timesteps 8192 --n-iteration 4 --num-envs 16 --num-steps 64 --e-auxiliary 1  # 1 min
     python ppg_procgen.py --checkpoint-interval 32   # a checkpoint per phase; then --resume RUN or --eval-only FILE
     torchrun --standalone --nproc_per_node 4 ppg_procgen.py   # 4 processes: GPUs (NCCL), or CPU (gloo)
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 --rdzv-id RUN \

@@ -11,7 +11,7 @@ Run it:
     python ppo_procgen.py --env-id bigfish --seed 2          # another game and seed
     python ppo_procgen.py --eval-interval 1 --num-eval-envs 64   # evaluate on held-out levels every iteration
     python ppo_procgen.py --device cuda --capture-video      # on a GPU, with videos of the test env
-    python ppo_procgen.py --total-timesteps 20000 --num-envs 8 --num-steps 64   # a quick look on a CPU
+    python ppo_procgen.py --total-timesteps 8192 --num-envs 8 --num-steps 64    # a quick look on a CPU (1 min)
     python ppo_procgen.py --checkpoint-interval 10   # checkpoints; then --resume runs/RUN or --eval-only FILE
     torchrun --standalone --nproc_per_node 4 ppo_procgen.py   # 4 processes: GPUs (NCCL), or CPU (gloo)
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 --rdzv-id RUN \

@@ -24,11 +24,12 @@ def after(scalars, step):
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch, name):
+def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch, capsys, name):
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
     flags = [*smoke_args(name), "--total-timesteps", "512", "--device", "cpu"]  # 4 iterations; PPG: 2 phases
     straight = train(script, [*flags, "--exp-name", "straight"])
+    straight_console = capsys.readouterr().out
 
     # a real SIGTERM during iteration 3 (for PPG, inside the second phase: the checkpoint carries its buffer)
     compute_gae, calls = script.compute_gae, []
@@ -47,6 +48,10 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_00000003.pt"]
     monkeypatch.setattr(script, "compute_gae", compute_gae)
     assert train(script, [*flags, "--exp-name", "stopped", "--resume", str(run_dir)]) == run_dir.name
+    # the console's means of the recent returns go on from the checkpoint, as in the uninterrupted run
+    last = [[line.split("left)")[1] for line in out.splitlines() if line.startswith("iter 4/4")]
+            for out in (straight_console, capsys.readouterr().out)]  # fmt: skip
+    assert last[0] == last[1] and "nan" not in last[0][0], last
 
     a, b = read_scalars(tmp_path / "runs" / straight), read_scalars(run_dir)
     tags = ["losses/policy_loss", "losses/value_loss", "losses/approx_kl", "charts/episodic_return"]
@@ -205,3 +210,13 @@ def test_keep_checkpoints_prunes_the_oldest(tmp_path):
         script.save_checkpoint(str(tmp_path), f"iter_{i:08d}.pt", {"iteration": i}, keep=2)
         time.sleep(0.01)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["iter_00000004.pt", "iter_00000005.pt"]
+
+
+def test_resuming_a_finished_run_says_so_and_writes_nothing(trained, monkeypatch, capsys):
+    script, flags, run_dir = trained
+    monkeypatch.chdir(run_dir.parent.parent)
+    files = sorted(run_dir.rglob("*"))
+    assert train(script, [*flags, "--resume", str(run_dir)]) == run_dir.name
+    out = capsys.readouterr().out
+    assert "is complete: 2 of 2 iterations, 256 steps" in out and "--total-timesteps 512" in out, out
+    assert sorted(run_dir.rglob("*")) == files  # no new event file, no checkpoint
