@@ -1,10 +1,13 @@
 """Command-line behaviour of each script: bad input, determinism, the files it writes."""
 
 import os
+import platform
+import subprocess
+import sys
 
 import pytest
 import tyro
-from conftest import assert_trained, load_script, only_run_dir, read_scalars, run_script, smoke_args
+from conftest import ROOT, assert_trained, load_script, only_run_dir, read_scalars, run_script, smoke_args
 
 SCRIPTS = ["ppo_procgen", "ppg_procgen"]
 
@@ -116,6 +119,8 @@ def test_video_and_model_are_written(tmp_path, name):
     run_dir = only_run_dir(tmp_path)
     videos = list((tmp_path / "videos" / run_dir.name).glob("*.mp4"))
     assert videos and all(v.stat().st_size > 1000 for v in videos), videos
+    assert f"video: videos/{run_dir.name}/episode-0.mp4" in proc.stdout and "pkg_resources" not in proc.stderr
+    assert f"logs in runs/{run_dir.name}" in proc.stdout.splitlines()[0]  # the banner says where the output goes
     model = run_dir / f"{name}.cleanrl_model"
     assert model.stat().st_size > 100_000  # the IMPALA network's weights, not an empty file
     scalars = read_scalars(run_dir)  # 128 steps per env: train and test episodes ended, and were logged
@@ -134,3 +139,15 @@ def test_allocator_setting_changes_no_result(tmp_path):
         assert_trained(scalars, iterations=2)
         losses[setting] = [scalars[tag] for tag in ("losses/policy_loss", "losses/value_loss", "losses/approx_kl")]
     assert losses["--tune-malloc"] == losses["--no-tune-malloc"]
+
+
+@pytest.mark.parametrize("missing,named", [(["tyro"], "tyro"), (["procgen", "procgen_gym"], "procgen")])
+def test_a_missing_package_is_one_line_naming_it(tmp_path, missing, named):
+    blocked = "; ".join(f"sys.modules[{m!r}] = None" for m in missing)  # as if not installed
+    code = f"import runpy, sys; {blocked}; runpy.run_path({str(ROOT / 'ppo_procgen.py')!r}, run_name='__main__')"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"ppo_procgen.py: error: {named} is not installed for Python {platform.python_version()}: "
+        "pip install -r requirements.txt"
+    ]
