@@ -22,6 +22,7 @@ Run it:
 
 import contextlib
 import copy
+import functools
 import glob
 import io
 import os
@@ -390,9 +391,8 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
         if episode_ended:
             if round(self.video_episode ** (1 / 3)) ** 3 == self.video_episode:
-                with (
-                    warnings.catch_warnings()
-                ):  # the imageio-ffmpeg that gym3 pins imports the deprecated pkg_resources
+                # the imageio-ffmpeg that gym3 pins imports the deprecated pkg_resources: not the user's concern
+                with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     import imageio_ffmpeg
 
@@ -444,23 +444,24 @@ class Console:
     def start(self, step, total):
         self.start_time, self.start_step, self.total = time.time(), step, total
 
+    def sps(self, step):
+        """Steps per second since the start (of this process: a resumed run counts from its resume)."""
+        return (step - self.start_step) / max(time.time() - self.start_time, 1e-6)
+
+    def left(self, step):
+        sps, seconds = self.sps(step), 0.0
+        if sps > 0:
+            seconds = (self.total - step) / sps
+        if seconds > 5400:
+            return f"{seconds / 3600:.1f} h left"
+        return f"{seconds / 60:.0f} min left" if seconds > 90 else f"{seconds:.0f} s left"
+
     def progress(self, text, step):
         """The status line: `text`, the steps so far, the steps per second and the time the run has left."""
         if self.enabled and self.tty and time.time() - self.shown > 0.25:
-            sps = (step - self.start_step) / max(time.time() - self.start_time, 1e-6)
-            left = f"{eta((self.total - step) / sps)} left" if sps > 0 else ""
-            print(f"\r\033[K{text}  step {step}/{self.total}  SPS {sps:.0f}  {left}", end="", flush=True)
+            print(f"\r\033[K{text}  step {step}/{self.total}  SPS {self.sps(step):.0f}  {self.left(step)}",
+                  end="", flush=True)  # fmt: skip
             self.shown = time.time()
-
-
-def eta(seconds):
-    return (
-        f"{seconds / 3600:.1f} h"
-        if seconds > 5400
-        else f"{seconds / 60:.0f} min"
-        if seconds > 90
-        else f"{seconds:.0f} s"
-    )
 
 
 def make_env(args: Args, num_envs: int, num_levels: int, start_level: int, seed: int, train: bool, video_dir=None):
@@ -1180,7 +1181,6 @@ def train(args: Args):
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
-    start_time = time.time()
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, device=device)
     next_done = torch.zeros(args.local_num_envs).to(device)
@@ -1199,12 +1199,10 @@ def train(args: Args):
         aux_returns[:, : mine["aux_returns"].shape[1]] = mine["aux_returns"].to(device)
         set_rng_state(mine["rng"])
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        if args.rank == 0:
-            console.line(f"resumed from {resume_path}: iteration {ckpt['iteration']}, step {global_step}")
+        console.line(f"resumed from {resume_path}: iteration {ckpt['iteration']}, step {global_step}")
         recent_returns.extend(ckpt.get("recent_returns", []))  # the console's averages go on as if never stopped
         recent_test_returns.extend(ckpt.get("recent_test_returns", []))
-    start_step = global_step
-    console.start(global_step, args.num_iterations * args.batch_size)
+    console.start(global_step, args.num_iterations * args.batch_size)  # the steps per second count from here
     stop = GracefulStop()
 
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -1380,18 +1378,18 @@ def train(args: Args):
             writer.add_scalar(f"charts/{tag}episodic_return", r, step)
             writer.add_scalar(f"charts/{tag}episodic_length", l, step)
             (recent_test_returns if tag else recent_returns).append(r)
-        sps = int((global_step - start_step) / (time.time() - start_time))
+        sps = int(console.sps(global_step))
         writer.add_scalar("charts/SPS", sps, global_step)
         console.line(
             f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps}  "
-            f"({time.time() - iteration_start:.1f}s/iter, {eta((console.total - global_step) / max(sps, 1))} left)  "
+            f"({time.time() - iteration_start:.1f}s/iter, {console.left(global_step)})  "
             f"return {np.mean(recent_returns or [np.nan]):.2f}  test {np.mean(recent_test_returns or [np.nan]):.2f}"
         )
 
         # [23] The auxiliary phase closes each phase of n_iteration policy iterations.
         if iteration % args.n_iteration == 0:
             aux_start = time.time()
-            show = lambda text, step=global_step: console.progress(text, step)  # noqa: E731
+            show = functools.partial(console.progress, step=global_step)
             aux_stats = auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args, show)
             for key, value in aux_stats.items():
                 writer.add_scalar(f"losses/aux/{key}", value, global_step)
