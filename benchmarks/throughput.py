@@ -33,16 +33,16 @@ sys.path.insert(0, str(ROOT))
 
 # (name, script, flags): the first two PPO rows are the allocator A/B, then the other options
 CONFIGS = [
-    ("PPO fp32, glibc defaults", "ppo_procgen", ["--no-tune-malloc"]),
-    ("PPO fp32 (default)", "ppo_procgen", []),
-    ("PPG dual (default)", "ppg_procgen", ["--n-iteration", "2", "--e-auxiliary", "1"]),
+    ("PPO fp32, glibc defaults", "ppo_procgen_full", ["--no-tune-malloc"]),
+    ("PPO fp32 (default)", "ppo_procgen_full", []),
+    ("PPG dual (default)", "ppg_procgen_full", ["--n-iteration", "2", "--e-auxiliary", "1"]),
 ]
 # the cost of the options against plain PPO, at a quarter of the default batch (16 envs x 256 steps, 8 minibatches)
 OPTION_CONFIGS = [
-    ("PPO (plain)", "ppo_procgen", []),
-    ("PPO --vtrace", "ppo_procgen", ["--vtrace"]),
-    ("PPO --prio-alpha 0.6", "ppo_procgen", ["--prio-alpha", "0.6"]),
-    ("PPO --intrinsic-coef 0.5 (RND)", "ppo_procgen", ["--intrinsic-coef", "0.5"]),
+    ("PPO (plain)", "ppo_procgen_full", []),
+    ("PPO --vtrace", "ppo_procgen_full", ["--vtrace"]),
+    ("PPO --prio-alpha 0.6", "ppo_procgen_full", ["--prio-alpha", "0.6"]),
+    ("PPO --intrinsic-coef 0.5 (RND)", "ppo_procgen_full", ["--intrinsic-coef", "0.5"]),
 ]
 OPTION_SIZES = ["--num-envs", "16"]
 QUICK_SIZES = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
@@ -129,7 +129,7 @@ def main():
     results = {name: [] for name, _, _ in configs}
     for rep in range(reps):
         for name, script, flags in configs:
-            extra = sizes + (ppg_sizes if script == "ppg_procgen" else [])
+            extra = sizes + (ppg_sizes if script.startswith("ppg_procgen") else [])
             # 2 iterations: the first is the warm-up; PPG's second closes a phase with one auxiliary epoch
             results[name].append(run(script, [*flags, *extra], 2, batch, opts.out))
             r = results[name][-1]

@@ -11,7 +11,7 @@ import torch
 import tyro
 from conftest import ROOT, load_script, read_scalars, smoke_args
 
-SCRIPTS = ["ppo_procgen", "ppg_procgen"]
+SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
 
 def train(script, flags):
@@ -67,7 +67,13 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
 
 
 def test_sigterm_writes_a_checkpoint_that_resumes(tmp_path):
-    cmd = [sys.executable, str(ROOT / "ppo_procgen.py"), *smoke_args("ppo_procgen"), "--total-timesteps", "4096"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "ppo_procgen_full.py"),
+        *smoke_args("ppo_procgen_full"),
+        "--total-timesteps",
+        "4096",
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:  # wait until training runs, then ask it to stop
         if line.startswith("iter 1/"):
@@ -75,7 +81,7 @@ def test_sigterm_writes_a_checkpoint_that_resumes(tmp_path):
             break
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "resume with: python ppo_procgen.py --resume" in out
+    assert "resume with: python ppo_procgen_full.py --resume" in out
     (ckpt_path,) = (tmp_path / "runs").glob("*/checkpoints/iter_*.pt")
     ckpt = torch.load(ckpt_path, weights_only=False)
     stopped_at = ckpt["iteration"]
@@ -117,7 +123,7 @@ def test_bad_checkpoints_are_refused_and_nothing_is_touched(trained, tmp_path, m
     truncated = tmp_path / "iter_00000002.pt"
     truncated.write_bytes(checkpoints[1].read_bytes()[:5000])
     (tmp_path / "empty_run").mkdir()
-    other = "ppg_procgen" if script.SCRIPT == "ppo_procgen" else "ppo_procgen"
+    other = "ppg_procgen_full" if script.SCRIPT == "ppo_procgen_full" else "ppo_procgen_full"
     cases = [
         (str(truncated), [], "not a readable checkpoint"),
         (str(tmp_path / "missing.pt"), [], "no such file"),
@@ -125,7 +131,7 @@ def test_bad_checkpoints_are_refused_and_nothing_is_touched(trained, tmp_path, m
         (str(checkpoints[0]), ["--feature-dim", "128"], "--feature-dim 256"),
         (str(checkpoints[0]), ["--num-envs", "8", "--total-timesteps", "1024"], "--num-envs 4"),
     ]
-    if script.SCRIPT == "ppg_procgen":
+    if script.SCRIPT == "ppg_procgen_full":
         cases.append((str(checkpoints[0]), ["--arch", "shared"], "--arch dual"))
     for path, extra, message in cases:
         with pytest.raises(SystemExit) as exc:
@@ -169,7 +175,7 @@ def test_divergence_stops_the_run_and_keeps_the_good_checkpoints(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     loss, calls = script.clipped_policy_loss, []
 
-    per_iteration = 2 * (3 if name == "ppo_procgen" else 1)  # 2 minibatches x the policy epochs
+    per_iteration = 2 * (3 if name == "ppo_procgen_full" else 1)  # 2 minibatches x the policy epochs
 
     def nan_from_iteration_2(*a):
         calls.append(1)
@@ -190,7 +196,7 @@ def test_divergence_stops_the_run_and_keeps_the_good_checkpoints(tmp_path, monke
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
-    script = load_script("ppo_procgen")
+    script = load_script("ppo_procgen_full")
     first = script.save_checkpoint(str(tmp_path), "iter_00000001.pt", {"iteration": 1})
 
     def killed_mid_write(obj, f):
@@ -205,7 +211,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
 
 def test_keep_checkpoints_prunes_the_oldest(tmp_path):
-    script = load_script("ppo_procgen")
+    script = load_script("ppo_procgen_full")
     for i in range(1, 6):
         script.save_checkpoint(str(tmp_path), f"iter_{i:08d}.pt", {"iteration": i}, keep=2)
         time.sleep(0.01)

@@ -10,17 +10,17 @@ import tyro
 from conftest import ROOT, assert_trained, load_script, only_run_dir, read_scalars, run_script, smoke_args
 
 SCRIPTS = ["ppo_procgen", "ppg_procgen"]
+FULL = {"ppo_procgen": "ppo_procgen_full", "ppg_procgen": "ppg_procgen_full"}
 
-# (flags, the flag the one-line error must name)
+# (flags, the flag the one-line error must name): every tier
 BAD_INPUTS = [
     (["--num-minibatches", "7"], "--num-minibatches"),
-    (["--batch-size", "3000"], "--minibatch-size"),
     (["--env-id", "starpilotx"], "--env-id"),
     (["--num-envs", "0"], "--num-envs"),
     (["--num-steps", "-4"], "--num-steps"),
     (["--total-timesteps", "100"], "--total-timesteps"),
     (["--num-levels", "-1"], "--num-levels"),
-    (["--lr", "0"], "--learning-rate"),
+    (["--learning-rate", "0"], "--learning-rate"),
     (["--gamma", "1.5"], "--gamma"),
     (["--gae-lambda", "-0.1"], "--gae-lambda"),
     (["--clip-coef", "0"], "--clip-coef"),
@@ -30,6 +30,14 @@ BAD_INPUTS = [
     (["--max-grad-norm", "0"], "--max-grad-norm"),
     (["--target-kl", "0"], "--target-kl"),
     (["--capture-video", "--eval-interval", "0"], "--capture-video"),
+    (["--distribution-mode", "memory"], "--distribution-mode"),
+    (["--gamma", "nan"], "--gamma"),
+    (["--device", "cuda:7"], "--device"),
+]
+# the flags of the full files' features
+FULL_BAD_INPUTS = [
+    (["--batch-size", "3000"], "--minibatch-size"),
+    (["--lr", "0"], "--learning-rate"),
     (["--checkpoint-interval", "-1"], "--checkpoint-interval"),
     (["--keep-checkpoints", "0"], "--keep-checkpoints"),
     (["--resume", "x", "--eval-only", "y"], "--eval-only"),
@@ -51,15 +59,16 @@ SCRIPT_BAD_INPUTS = {
         (["--num-aux-rollouts", "3"], "--num-aux-rollouts"),
         (["--num-aux-rollouts", "4", "--n-aux-grad-accum", "3"], "--num-aux-rollouts"),
         (["--beta-clone", "-1"], "--beta-clone"),
-        # 256 x 64 x 4096 observations of 12 KiB: 768 GiB, more than any machine has
-        (["--n-iteration", "4096", "--total-timesteps", "100000000"], "--n-iteration"),
     ],
+    # 256 x 64 x 4096 observations of 12 KiB: 768 GiB, more than any machine has
+    "ppg_procgen_full": [(["--n-iteration", "4096", "--total-timesteps", "100000000"], "--n-iteration")],
 }
+CASES = [(name, *case) for name in SCRIPTS for case in BAD_INPUTS + SCRIPT_BAD_INPUTS[name]]
+CASES += [(FULL[name], *case) for name in SCRIPTS for case in BAD_INPUTS + SCRIPT_BAD_INPUTS[name] + FULL_BAD_INPUTS]
+CASES += [("ppg_procgen_full", *case) for case in SCRIPT_BAD_INPUTS["ppg_procgen_full"]]
 
 
-@pytest.mark.parametrize(
-    "name,flags,flag", [(name, *case) for name in SCRIPTS for case in BAD_INPUTS + SCRIPT_BAD_INPUTS[name]]
-)
+@pytest.mark.parametrize("name,flags,flag", CASES)
 def test_bad_input_stops_with_one_line(tmp_path, monkeypatch, capsys, name, flags, flag):
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
@@ -75,14 +84,14 @@ def test_bad_input_stops_with_one_line(tmp_path, monkeypatch, capsys, name, flag
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_envs_that_do_not_divide_among_processes(monkeypatch, capsys, name):
-    script = load_script(name)
+    script = load_script(FULL[name])
     monkeypatch.setenv("WORLD_SIZE", "4")  # as torchrun --nproc_per_node 4 sets it
     with pytest.raises(SystemExit) as exc:
         script.train(tyro.cli(script.Args, args=["--num-envs", "6", "--num-minibatches", "2"]))
     assert exc.value.code == 2
     assert (
         capsys.readouterr().err.strip()
-        == f"{name}.py: error: --num-envs: must divide among the 4 processes of torchrun"
+        == f"{FULL[name]}.py: error: --num-envs 6: must divide among the 4 processes of torchrun"
     )
 
 
@@ -91,7 +100,7 @@ def test_bad_input_from_the_command_line(tmp_path, name):
     proc = run_script(f"{name}.py", ["--num-minibatches", "7"], tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        f"{name}.py: error: --num-minibatches: must divide the batch of num_envs x num_steps = 16384"
+        f"{name}.py: error: --num-minibatches 7: must divide num_envs x num_steps"
     ]
 
 
@@ -133,7 +142,7 @@ def test_allocator_setting_changes_no_result(tmp_path):
     for setting in ("--tune-malloc", "--no-tune-malloc"):
         cwd = tmp_path / setting.strip("-")
         cwd.mkdir()
-        proc = run_script("ppo_procgen.py", [*smoke_args("ppo_procgen"), "--device", "cpu", setting], cwd)
+        proc = run_script("ppo_procgen_full.py", [*smoke_args("ppo_procgen"), "--device", "cpu", setting], cwd)
         assert proc.returncode == 0, proc.stderr[-3000:]
         scalars = read_scalars(only_run_dir(cwd))
         assert_trained(scalars, iterations=2)
@@ -144,10 +153,10 @@ def test_allocator_setting_changes_no_result(tmp_path):
 @pytest.mark.parametrize("missing,named", [(["tyro"], "tyro"), (["procgen", "procgen_gym"], "procgen")])
 def test_a_missing_package_is_one_line_naming_it(tmp_path, missing, named):
     blocked = "; ".join(f"sys.modules[{m!r}] = None" for m in missing)  # as if not installed
-    code = f"import runpy, sys; {blocked}; runpy.run_path({str(ROOT / 'ppo_procgen.py')!r}, run_name='__main__')"
+    code = f"import runpy, sys; {blocked}; runpy.run_path({str(ROOT / 'ppo_procgen_full.py')!r}, run_name='__main__')"
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
-        f"ppo_procgen.py: error: {named} is not installed for Python {platform.python_version()}: "
+        f"ppo_procgen_full.py: error: {named} is not installed for Python {platform.python_version()}: "
         "pip install -r requirements.txt"
     ]

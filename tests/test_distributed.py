@@ -33,7 +33,7 @@ def torchrun(args, cwd, timeout=300):
     return subprocess.run([*TORCHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
-@pytest.mark.parametrize("name", ["ppo_procgen", "ppg_procgen"])
+@pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
 def test_two_processes_train_and_stay_in_sync(tmp_path, name):
     flags = [*smoke_args(name), "--total-timesteps", "512", "--device", "cpu"]  # 4 iterations, 128 steps per env
     proc = torchrun([str(ROOT / f"{name}.py"), *flags], tmp_path)
@@ -42,12 +42,12 @@ def test_two_processes_train_and_stay_in_sync(tmp_path, name):
     assert_trained(scalars, iterations=4)  # real updates, finite losses, logged once per iteration
     assert [step for step, _ in scalars["charts/SPS"]] == [128, 256, 384, 512]  # steps of both processes' envs
     assert scalars["charts/ranks_max_param_diff"] == [(512, 0.0)]  # both processes ended with the same weights
-    for tag in AUX_TAGS if name == "ppg_procgen" else []:
+    for tag in AUX_TAGS if name == "ppg_procgen_full" else []:
         assert [step for step, _ in scalars[tag]] == [256, 512] and all(math.isfinite(v) for _, v in scalars[tag])
     assert scalars["charts/episodic_return"]  # gathered from the processes' envs
 
 
-@pytest.mark.parametrize("name", ["ppo_procgen", "ppg_procgen"])
+@pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
 def test_two_processes_compute_the_gradient_of_one(tmp_path, name):
     out = tmp_path / "result.json"
     proc = torchrun([str(ROOT / "tests" / "ddp_gradients.py"), name, str(out)], tmp_path)
@@ -73,7 +73,7 @@ def children(pid):
 def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path):
     total = 128 * 6
     flags = [
-        *smoke_args("ppo_procgen"),
+        *smoke_args("ppo_procgen_full"),
         "--total-timesteps",
         str(total),
         "--checkpoint-interval",
@@ -81,12 +81,17 @@ def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path):
         "--device",
         "cpu",
     ]
-    cmd = [*TORCHRUN[:-1], "2", str(ROOT / "ppo_procgen.py"), *flags]  # the kill costs one restart, a flake one more
+    cmd = [
+        *TORCHRUN[:-1],
+        "2",
+        str(ROOT / "ppo_procgen_full.py"),
+        *flags,
+    ]  # the kill costs one restart, a flake one more
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
     deadline = time.time() + 180
     while not list(tmp_path.glob("runs/*/checkpoints/iter_00000002.pt")) and time.time() < deadline:
         time.sleep(0.2)
-    workers = [w for w in children(proc.pid) if "ppo_procgen.py" in open(f"/proc/{w}/cmdline").read()]
+    workers = [w for w in children(proc.pid) if "ppo_procgen_full.py" in open(f"/proc/{w}/cmdline").read()]
     assert len(workers) == 2, workers
     os.kill(workers[1], signal.SIGKILL)  # one process dies mid-run
     out, _ = proc.communicate(timeout=300)

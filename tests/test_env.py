@@ -22,7 +22,8 @@ NUM_ENVS, NUM_STEPS, GAMMA = 6, 400, 0.9
 
 def raw_and_wrapped(script, env_id, wrapper):
     """Two envs of one seed: the raw adapter, and the adapter under `wrapper`; the same actions go to both."""
-    make = lambda: script.ProcgenVecEnv(env_id, NUM_ENVS, 200, 0, "easy", 3, 1)  # noqa: E731
+    kwargs = dict(env_name=env_id, num_levels=200, start_level=0, distribution_mode="easy", num_threads=1)
+    make = lambda: script.ProcgenVecEnv(NUM_ENVS, 3, **kwargs)  # noqa: E731
     return make(), wrapper(make())
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import load_script
 
-SCRIPTS = ["ppo_procgen", "ppg_procgen"]
+SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
 
 @pytest.fixture(params=SCRIPTS)
@@ -68,10 +68,12 @@ def test_sampler_frequencies_and_weights_follow_the_priorities(script):
 
 def test_importance_weights_weight_the_losses(script):
     logratio, advantages = torch.zeros(4), torch.tensor([1.0, 2.0, 3.0, 4.0])
-    torch.testing.assert_close(script.clipped_policy_loss(logratio, advantages, 0.2, torch.ones(4)),
-                               script.clipped_policy_loss(logratio, advantages, 0.2))  # fmt: skip
+    loss = script.clipped_policy_loss(logratio, advantages, 0.2)
+    torch.testing.assert_close(script.weighted_mean(loss, torch.ones(4)), loss.mean())
     # sum(w x) / n with w = (2, 0, 0, 2): -(2 * 1 + 2 * 4) / 4
     weights = torch.tensor([2.0, 0.0, 0.0, 2.0])
-    torch.testing.assert_close(script.clipped_policy_loss(logratio, advantages, 0.2, weights), torch.tensor(-2.5))
-    value = script.clipped_value_loss(torch.ones(4), torch.ones(4), torch.tensor([0.0, 1, 1, 3]), None, weights)
+    torch.testing.assert_close(script.weighted_mean(loss, weights), torch.tensor(-2.5))
+    value = script.weighted_mean(
+        script.clipped_value_loss(torch.ones(4), torch.ones(4), torch.tensor([0.0, 1, 1, 3]), None), weights
+    )
     torch.testing.assert_close(value, torch.tensor(0.5 * (2 * 1 + 2 * 4) / 4))

@@ -5,11 +5,11 @@ import torch
 import tyro
 from conftest import load_script, smoke_args
 
-SCRIPTS = ["ppo_procgen", "ppg_procgen"]
+SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
 
 def test_predictor_loss_falls_on_repeated_observations():
-    script = load_script("ppo_procgen")
+    script = load_script("ppo_procgen_full")
     torch.manual_seed(0)
     rnd = script.RND(num_envs=4, gamma=0.99)
     obs = torch.randint(0, 256, (8, 4, 64, 64, 3), dtype=torch.uint8)

@@ -15,18 +15,21 @@ PRETRAINING = ["--pretraining", "--intrinsic-coef", "1"]
 # one entry per script and option worth a smoke run: (script, extra flags, {tag that must be logged: its steps})
 SCRIPTS = [
     pytest.param("ppo_procgen", [], {}, id="ppo"),
-    pytest.param("ppo_procgen", ["--vtrace"], VTRACE, id="ppo-vtrace"),
-    pytest.param("ppo_procgen", ["--prio-alpha", "0.6"], PRIO, id="ppo-prio"),
-    pytest.param("ppo_procgen", ["--vtrace", "--prio-alpha", "0.6"], VTRACE | PRIO, id="ppo-vtrace-prio"),
-    pytest.param("ppo_procgen", PRETRAINING, RND, id="ppo-rnd-pretraining"),
-    pytest.param("ppo_procgen", ["--autocast", "bf16"], {}, id="ppo-bf16"),
+    pytest.param("ppo_procgen_full", ["--vtrace"], VTRACE, id="ppo-vtrace"),
+    pytest.param("ppo_procgen_full", ["--prio-alpha", "0.6"], PRIO, id="ppo-prio"),
+    pytest.param("ppo_procgen_full", ["--vtrace", "--prio-alpha", "0.6"], VTRACE | PRIO, id="ppo-vtrace-prio"),
+    pytest.param("ppo_procgen_full", PRETRAINING, RND, id="ppo-rnd-pretraining"),
+    pytest.param("ppo_procgen_full", ["--autocast", "bf16"], {}, id="ppo-bf16"),
     pytest.param("ppg_procgen", ["--arch", "dual"], AUX, id="ppg-dual"),
     pytest.param("ppg_procgen", ["--arch", "shared"], AUX, id="ppg-shared"),
     pytest.param("ppg_procgen", ["--arch", "detach", "--init-fn", "orthogonal"], AUX, id="ppg-detach"),
     pytest.param(
-        "ppg_procgen", ["--e-policy", "2", "--vtrace", "--prio-alpha", "0.6"], AUX | VTRACE | PRIO, id="ppg-vtrace-prio"
+        "ppg_procgen_full",
+        ["--e-policy", "2", "--vtrace", "--prio-alpha", "0.6"],
+        AUX | VTRACE | PRIO,
+        id="ppg-vtrace-prio",
     ),  # fmt: skip
-    pytest.param("ppg_procgen", PRETRAINING, AUX | RND, id="ppg-rnd-pretraining"),
+    pytest.param("ppg_procgen_full", PRETRAINING, AUX | RND, id="ppg-rnd-pretraining"),
 ]
 
 

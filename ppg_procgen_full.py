@@ -1,0 +1,1486 @@
+# PPG: https://arxiv.org/abs/2009.04416 -- built on PPO: https://arxiv.org/abs/1707.06347
+"""PPG on Procgen: PPO plus the auxiliary phase. The defaults are the Procgen paper's easy generalisation setup
+(starpilot, 200 training levels, 25M steps, 64 envs x 256 steps, 8 minibatches) with the PPG paper's phases (32
+policy iterations, then 6 auxiliary epochs; separate policy and value networks). ppg_procgen.py is the lean
+reference; ppg_procgen_full.py is the same file plus checkpoints, torchrun, RND, V-trace and more.
+    python ppg_procgen.py --total-timesteps 8192 --n-iteration 4 --num-envs 16 --num-steps 64 --e-auxiliary 1  # 1 min
+"""
+
+import contextlib
+import copy
+import ctypes
+import functools
+import glob
+import importlib.util
+import io
+import math
+import os
+import random
+import signal
+import sys
+import time
+import warnings
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Annotated, Literal
+
+# ── one-line errors: an unsupported Python, a missing package ──
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+if not (3, 10) <= sys.version_info[:2] <= (3, 13):  # the Pythons that a procgen package serves (see ProcgenVecEnv)
+    sys.exit(f"{SCRIPT}.py: error: Python {sys.version.split()[0]} is not supported: use Python 3.10 to 3.13")
+
+
+def installed(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # ValueError: blocked in sys.modules
+        return False
+
+
+for module in ("gymnasium", "numpy", "torch", "tyro", "tensorboard", ("procgen", "procgen_gym")):
+    if not any(installed(name) for name in (module if isinstance(module, tuple) else (module,))):
+        missing = module if isinstance(module, str) else "procgen"
+        sys.exit(f"{SCRIPT}.py: error: {missing} is not installed for Python {sys.version.split()[0]}: "
+                 "pip install -r requirements.txt")  # fmt: skip
+# ── end one-line errors ──
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+
+with contextlib.redirect_stderr(io.StringIO()):  # the old `gym` that procgen imports prints a notice
+    try:
+        from procgen import ProcgenGym3Env as Procgen  # procgen (Python 3.10), procgen-mirror (3.11, 3.12)
+    except ImportError:
+        from procgen_gym import ProcgenVecEnv as Procgen  # procgen-gym (3.13): the same C++ games
+
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+# the games, and the distribution modes beyond easy and hard that procgen builds only for some of them
+PROCGEN_GAMES = (
+    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
+    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
+)  # fmt: skip
+MODE_GAMES = {
+    "extreme": ("chaser", "dodgeball", "leaper", "starpilot"),
+    "memory": ("caveflyer", "dodgeball", "heist", "jumper", "maze", "miner"),
+    "exploration": ("caveflyer", "climber", "coinrun", "heist", "jumper", "leaper", "maze", "ninja"),
+}
+# ── checkpoints: the flags a checkpoint must share with a run that loads it (the network, and the rollout) ──
+NETWORK_FLAGS = ("feature_dim", "hidden_dim", "arch")
+ROLLOUT_FLAGS = ("env_id", "distribution_mode", "num_levels", "start_level", "num_envs", "num_steps", "num_eval_envs",
+                 "n_iteration")  # fmt: skip
+
+
+@dataclass
+class Args:
+    # Experiment
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment, part of the run name"""
+    seed: int = 1
+    """seed of python, numpy, torch and procgen's level generator: one seed gives one run"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    device: str = "auto"
+    """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:N` or `mps`"""
+
+    # Environment
+    env_id: str = "starpilot"
+    """the Procgen game"""
+    num_levels: int = 200
+    """the number of training levels (200 for easy, 500 for hard in the Procgen paper; 0 = unlimited)"""
+    start_level: int = 0
+    """the first training level"""
+    distribution_mode: Literal["easy", "hard", "extreme", "memory", "exploration"] = "easy"
+    """the Procgen difficulty (exploration: one fixed level per game, so it trains and tests on that level)"""
+    eval_interval: int = 1
+    """step the held-out test env (all levels) for `num_steps` steps every this many iterations; 0 = off"""
+    num_eval_envs: int = 16
+    """the number of parallel test envs"""
+    env_threads: int = 4
+    """the number of procgen's own worker threads per vector env"""
+
+    # Algorithm
+    total_timesteps: int = 25_000_000
+    """total timesteps of the experiment"""
+    learning_rate: float = 5e-4
+    """the learning rate of the optimizer"""
+    adam_eps: float = 1e-5
+    """the epsilon of Adam"""
+    num_envs: int = 64
+    """the number of parallel game environments"""
+    num_steps: int = 256
+    """the number of steps to run in each environment per policy rollout"""
+    anneal_lr: bool = False
+    """if toggled, the learning rate decays linearly to 0 over the whole run (the PPG paper keeps it constant)"""
+    gamma: float = 0.999
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 8
+    """the number of mini-batches"""
+    minibatch_size: int | None = None
+    """the mini-batch size; when set, it replaces `num_minibatches` (rllte: `batch_size`)"""
+    norm_adv: bool = True
+    """toggles advantages normalization (over the whole batch)"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_range_vf: float | None = 0.2
+    """the value clipping range, not tied to `clip_coef`; None: no value clipping (CleanRL's `--no-clip-vloss`)"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy"""
+    vf_coef: float = 0.5
+    """coefficient of the value function"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for the gradient clipping"""
+    target_kl: float | None = None
+    """the target KL divergence threshold: the epochs of an update stop once approx_kl exceeds it"""
+    norm_reward: bool = True
+    """toggles reward normalisation by a running estimate of the discounted return's std"""
+    clip_reward: float = 10.0
+    """normalised rewards are clipped to [-clip_reward, clip_reward]"""
+    feature_dim: int = 256
+    """the size of the encoder's output (the dense layer after the IMPALA CNN)"""
+    hidden_dim: int = 0
+    """the size of a hidden layer in each head; 0 = linear heads, as in the papers"""
+    init_fn: Literal["orthogonal", "xavier_uniform", "xavier_normal", "normed"] = "normed"
+    """the weight initialisation: orthogonal (CleanRL), normed (the PPG paper), xavier_* (rllte)"""
+
+    # PPG
+    arch: Literal["dual", "shared", "detach"] = "dual"
+    """dual: separate policy and value networks (the paper's default); shared: one network, the value
+    loss trains it too; detach: one network, the value head reads detached features (CleanRL)"""
+    n_iteration: int = 32
+    """N_pi, the policy iterations of a phase; the phase buffer holds their observations as uint8:
+    num_steps x num_envs x n_iteration x 64 x 64 x 3 bytes, 6 GiB at the defaults"""
+    e_policy: int = 1
+    """E_pi, the policy epochs of each policy iteration"""
+    v_value: int = 1
+    """E_V, the value epochs of each policy iteration (run in the same passes as the policy epochs)"""
+    e_auxiliary: int = 6
+    """E_aux, the auxiliary epochs of a phase"""
+    beta_clone: float = 1.0
+    """the weight of the behaviour-cloning KL(old policy || new policy) in the auxiliary loss"""
+    num_aux_rollouts: int = 4
+    """the whole env rollouts in one auxiliary minibatch"""
+    n_aux_grad_accum: int = 1
+    """the auxiliary minibatches whose gradients add up to one optimizer step"""
+
+    # Logging and saving
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "procgen"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """if toggled, write videos of test env 0 (episodes 0, 1, 8, 27, ...) to `videos/{run_name}`"""
+    save_model: bool = False
+    """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
+
+    # Checkpoints and evaluation
+    checkpoint_interval: int = 0
+    """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on SIGINT/SIGTERM)"""
+    keep_checkpoints: int = 3
+    """keep this many of the newest checkpoints"""
+    resume: str | None = None
+    """continue from a checkpoint, or from the newest one in a run directory; its flags become the defaults"""
+    eval_only: str | None = None
+    """evaluate a checkpoint or a `--save-model` file: print the mean and std of the returns, and exit"""
+    eval_episodes: int = 100
+    """the number of episodes `--eval-only` plays"""
+    eval_train_levels: bool = False
+    """make `--eval-only` play the training levels instead of the held-out test levels"""
+
+    # Options beyond the anchors
+    vtrace: bool = False
+    """recompute the advantages by V-trace before every epoch after the first, from the current policy's ratios"""
+    vtrace_rho_clip: float = 1.0
+    """the clip of the importance ratio rho that weights the V-trace TD errors"""
+    vtrace_c_clip: float = 1.0
+    """the clip of the trace ratio c that carries later TD errors back in V-trace"""
+    prio_alpha: float = 0.0
+    """prioritised minibatches of whole env segments, P ~ (sum of |advantage|)^alpha; 0 = off: each sample once"""
+    prio_beta0: float = 0.6
+    """the exponent of the importance weights (N P)^-beta at the start, annealed linearly to 1 over the run"""
+    intrinsic_coef: float = 0.0
+    """the weight of RND's intrinsic reward, added to the extrinsic reward before GAE; 0 = off"""
+    pretraining: bool = False
+    """reward-free pretraining: the extrinsic reward is dropped and the intrinsic reward alone drives learning"""
+    rnd_update_proportion: float = 0.25
+    """the share of each minibatch that trains the RND predictor"""
+    init_model: Annotated[str | None, tyro.conf.arg(aliases=("--init-model-path",))] = None
+    """start from the weights of a checkpoint or saved model (after --pretraining, say), with a fresh optimizer"""
+    autocast: Literal["off", "bf16"] = "off"
+    """run the network in bfloat16 autocast (losses, ratios and the optimizer stay in fp32)"""
+    tune_malloc: bool = True
+    """keep glibc's freed memory for reuse instead of unmapping it (about 1.7x faster updates on CPU)"""
+
+    # Distributed (under torchrun)
+    backend: str | None = None
+    """the torch.distributed backend under torchrun: gloo on CPU, nccl on CUDA when None"""
+
+
+# ── rllte's names for CleanRL's flags, as aliases: `--lr 1e-3` is `--learning-rate 1e-3` ──
+RLLTE_ALIASES = {"exp_name": "--tag", "learning_rate": "--lr", "adam_eps": "--eps", "gamma": "--discount",
+                 "minibatch_size": "--batch-size", "clip_coef": "--clip-range", "n_iteration": "--policy-epochs",
+    "e_auxiliary": "--aux-epochs", "beta_clone": "--kl-coef", "num_aux_rollouts": "--num-aux-mini-batch",
+    "n_aux_grad_accum": "--num-aux-grad-accum"}  # fmt: skip
+for _name, _alias in RLLTE_ALIASES.items():
+    Args.__dataclass_fields__[_name].type = Args.__annotations__[_name] = Annotated[
+        Args.__annotations__[_name], tyro.conf.arg(aliases=(_alias,))
+    ]
+# ── end rllte aliases ──
+
+
+# Every flag's rule, checked before any work starts: flags -> (rule, is the value `v` allowed, with all flags `a`).
+# Bool and Literal flags have their type as their rule; non-finite floats are refused everywhere.
+RULES = {
+    ("exp_name", "wandb_project_name", "wandb_entity"): (
+        "must be a name without /",
+        lambda v, a: v is None or v.strip() and "/" not in v,
+    ),  # fmt: skip
+    ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
+    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: v.strip() != ""),  # then resolve_device
+    ("env_id",): (f"must be a Procgen game: {', '.join(PROCGEN_GAMES)}", lambda v, a: v in PROCGEN_GAMES),
+    ("distribution_mode",): ("is not built for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, PROCGEN_GAMES)),
+    ("num_levels", "start_level"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
+    ("eval_interval",): ("must be >= 0 (0: off)", lambda v, a: v >= 0),
+    ("num_envs", "num_eval_envs"): ("must be in [1, 4096]", lambda v, a: 1 <= v <= 4096),
+    ("num_steps",): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
+    ("env_threads",): ("must be in [0, 256]", lambda v, a: 0 <= v <= 256),
+    ("minibatch_size",): (
+        "must divide num_envs x num_steps, or None",
+        lambda v, a: v is None or 0 < v and a.num_envs * a.num_steps % v == 0,
+    ),
+    ("hidden_dim",): ("must be in [0, 65536]", lambda v, a: 0 <= v <= 2**16),
+    ("checkpoint_interval",): ("must be >= 0 (0: only on a signal)", lambda v, a: v >= 0),
+    ("keep_checkpoints", "eval_episodes", "vtrace_rho_clip", "vtrace_c_clip"): ("must be positive", lambda v, a: v > 0),
+    ("resume", "eval_only", "init_model"): ("must be a path, or None", lambda v, a: v is None or v.strip() != ""),
+    ("prio_alpha", "intrinsic_coef"): ("must be >= 0", lambda v, a: v >= 0),
+    ("prio_beta0",): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
+    ("rnd_update_proportion",): ("must be in (0, 1]", lambda v, a: 0 < v <= 1),
+    ("pretraining",): ("needs an intrinsic reward: --intrinsic-coef > 0", lambda v, a: not v or a.intrinsic_coef > 0),
+    ("backend",): ("must be gloo, nccl or None", lambda v, a: v in (None, "gloo", "nccl")),
+    ("total_timesteps",): (
+        "must hold one phase of num_envs x num_steps x n_iteration",
+        lambda v, a: v >= a.num_envs * a.num_steps * a.n_iteration,
+    ),
+    ("learning_rate", "adam_eps"): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
+    ("gamma",): ("must be in (0, 1]", lambda v, a: 0 < v <= 1),
+    ("gae_lambda",): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
+    ("num_minibatches",): (
+        "must divide num_envs x num_steps",
+        lambda v, a: v > 0 and a.num_envs * a.num_steps % v == 0,
+    ),
+    ("clip_coef", "max_grad_norm", "clip_reward", "n_iteration"): ("must be positive", lambda v, a: v > 0),
+    ("e_policy", "v_value", "e_auxiliary", "num_aux_rollouts", "n_aux_grad_accum"): (
+        "must be positive",
+        lambda v, a: v > 0,
+    ),
+    ("beta_clone",): ("must be >= 0", lambda v, a: v >= 0),
+    ("ent_coef", "vf_coef"): ("must be >= 0", lambda v, a: v >= 0),
+    ("clip_range_vf", "target_kl"): ("must be positive, or None: off", lambda v, a: v is None or v > 0),
+    ("feature_dim",): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
+    ("track",): ("needs wandb: pip install wandb", lambda v, a: not v or importlib.util.find_spec("wandb")),
+    ("capture_video",): ("records the test env: needs --eval-interval > 0", lambda v, a: not v or a.eval_interval > 0),
+}
+
+
+def arg_error(flag: str, rule: str, value=None):
+    """One line naming the flag, its rule and its value, exit status 2: no traceback for a user's mistake."""
+    value = "" if value is None else f" {value}"
+    sys.exit(print(f"{SCRIPT}.py: error: --{flag.replace('_', '-')}{value}: {rule}", file=sys.stderr) or 2)
+
+
+def check_args(args: Args) -> None:
+    """Stop at the first flag that breaks its rule; then compute batch_size, minibatch_size and the iterations."""
+    if args.minibatch_size:  # rllte's way to size minibatches: it sets num_minibatches
+        args.num_minibatches = max(args.num_envs * args.num_steps // args.minibatch_size, 1)
+    for flags, (rule, ok) in RULES.items():
+        for flag in flags:
+            value = getattr(args, flag)
+            if isinstance(value, float) and not math.isfinite(value):
+                arg_error(flag, "must be a finite number", value)
+            if not ok(value, args):
+                arg_error(flag, rule, value)
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_phases = args.total_timesteps // (args.batch_size * args.n_iteration)
+    args.num_iterations = args.num_phases * args.n_iteration
+    if (args.num_envs * args.n_iteration) % (args.num_aux_rollouts * args.n_aux_grad_accum):
+        arg_error("num-aux-rollouts", f"x n_aux_grad_accum must divide the {args.num_envs * args.n_iteration} "
+                  "rollouts of a phase", args.num_aux_rollouts)  # fmt: skip
+    # ── feature rules that span flags ──
+    if args.init_model is not None and args.resume is not None:
+        arg_error("init-model", "cannot be combined with --resume", args.init_model)
+    if args.resume is not None and args.eval_only is not None:
+        arg_error("eval-only", "cannot be combined with --resume", args.eval_only)
+    # ── torchrun [30]: every process owns num_envs / world_size envs and its share of each minibatch ──
+    args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    for flag in ("num_envs", "num_eval_envs", "minibatch_size"):
+        if getattr(args, flag) % args.world_size:
+            arg_error(flag, f"must divide among the {args.world_size} processes of torchrun", getattr(args, flag))
+    args.local_num_envs = args.num_envs // args.world_size
+    args.local_batch_size = args.local_num_envs * args.num_steps
+    args.local_minibatch_size = args.minibatch_size // args.world_size
+    if args.num_aux_rollouts % args.world_size:
+        arg_error(
+            "num-aux-rollouts", f"must divide among the {args.world_size} processes of torchrun", args.num_aux_rollouts
+        )
+    if args.prio_alpha > 0 and args.local_num_envs % args.num_minibatches:
+        arg_error("prio-alpha", "samples whole env segments: each process's envs must be a multiple of "
+                  "--num-minibatches", args.prio_alpha)  # fmt: skip
+    # ── end torchrun ──
+    # ── the phase buffer must fit in the memory of the training device ──
+    needed, available = phase_buffer_bytes(args) / 2**30, available_memory(args.device) / 2**30
+    if needed >= available:
+        arg_error("n-iteration", f"the phase buffer needs {needed:.1f} GiB but {available:.1f} GiB are available on "
+                  "the device: lower --n-iteration, --num-envs or --num-steps", args.n_iteration)  # fmt: skip
+
+
+def phase_buffer_bytes(args: Args) -> int:
+    """[19] The bytes of this process's phase buffer: observations as uint8, and the returns."""
+    return args.num_steps * (args.num_envs // args.world_size) * args.n_iteration * (64 * 64 * 3 + 4)
+
+
+def available_memory(device: str) -> int:
+    """Bytes free for the phase buffer: on the GPU when it trains there, else the host's available memory."""
+    try:
+        if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+            return torch.cuda.mem_get_info(torch.device(device if device != "auto" else "cuda"))[0]
+        with open("/proc/meminfo") as meminfo:
+            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, RuntimeError, AssertionError, ValueError):
+        return 2**62  # cannot tell (macOS, or a device that resolve_device will refuse): do not refuse here
+
+
+# ── end phase buffer check ──
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` is CUDA when available; any other device must work on this machine and in this torch build."""
+    try:
+        return torch.zeros(
+            0, device=("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+        ).device
+    except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
+        arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", name)
+
+
+def make_dir(path: str, flag: str) -> str:
+    """Create an output directory before any work starts, or stop with one line saying why it cannot be written."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        arg_error(flag, f"cannot write {path}/: {exc.strerror or exc}")
+    return path
+
+
+# [1] Procgen as one gymnasium vector env: procgen steps all its envs in C, in its own threads.
+class ProcgenVecEnv(gym.vector.VectorEnv):
+    """Procgen (gym3's env, or procgen-gym's on Python 3.13) as a vector env. Procgen restarts a finished env in the
+    same `step` (SAME_STEP autoreset): every episode end is a termination, as in the papers."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
+
+    def __init__(self, num_envs, seed, video_dir=None, **procgen_kwargs):
+        if procgen_kwargs["distribution_mode"] == "exploration":  # one fixed level per game: procgen picks it
+            procgen_kwargs = {k: v for k, v in procgen_kwargs.items() if k not in ("num_levels", "start_level")}
+        # [2] Seeded level generator: `rand_seed` fixes which levels each env plays and in what order.
+        self.env = Procgen(num=num_envs, rand_seed=seed, **procgen_kwargs)
+        self.gym3 = hasattr(self.env, "act")  # procgen's gym3 env, or procgen-gym's gymnasium env
+        self.num_envs, self.video_dir, self.video_episode, self.frames = num_envs, video_dir, 0, []
+        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+        self.single_action_space = gym.spaces.Discrete(15)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+
+    def reset(self, *, seed=None, options=None):
+        obs = self.env.observe()[1]["rgb"] if self.gym3 else self.env.reset()[0]
+        self.frames = [obs[0]]
+        return obs, {}
+
+    def step(self, actions):
+        if self.gym3:
+            self.env.act(np.asarray(actions, dtype=np.int32))
+            reward, obs, first = self.env.observe()
+            obs = obs["rgb"]
+        else:  # procgen-gym's "terminated" is procgen's `first`: the same-step reset, whatever its metadata says
+            obs, reward, first, _, _ = self.env.step(np.asarray(actions, dtype=np.int32))
+        if self.video_dir is not None:
+            self.record(obs[0], first[0])
+        return obs, reward, first, np.zeros_like(first), {}
+
+    def record(self, frame, episode_ended):
+        """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
+        if episode_ended and round(self.video_episode ** (1 / 3)) ** 3 == self.video_episode:
+            with warnings.catch_warnings():  # the imageio-ffmpeg that gym3 pins imports the deprecated pkg_resources
+                warnings.simplefilter("ignore")
+                import imageio_ffmpeg
+            path = f"{self.video_dir}/episode-{self.video_episode}.mp4"
+            writer = imageio_ffmpeg.write_frames(path, (64, 64), fps=15, macro_block_size=1)
+            writer.send(None)
+            for f in self.frames:
+                writer.send(np.ascontiguousarray(f))
+            writer.close()
+            Console(0).line(f"video: {path}")
+        if episode_ended:
+            self.video_episode, self.frames = self.video_episode + 1, []
+        self.frames.append(frame)
+
+
+# [18] Speed only, no result changes: glibc maps and unmaps every large activation buffer of every minibatch; one
+# heap that is never trimmed removes that system time. It must run before torch's threads first allocate.
+def tune_malloc():
+    try:  # M_MMAP_MAX 0: no fresh mmap per large block; M_TRIM_THRESHOLD: never trim; M_ARENA_MAX 1: one heap
+        libc = ctypes.CDLL("libc.so.6")
+        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):
+            libc.mallopt(option, value)
+    except (OSError, AttributeError):
+        pass  # not glibc (macOS, musl): nothing to tune
+
+
+class Console:
+    """What the user sees: lines, and the rate of the run."""
+
+    def __init__(self, total, step=0, enabled=True):
+        self.total, self.start_step, self.start_time, self.enabled = total, step, time.time(), enabled
+        self.shown = 0.0  # ── the status line ──
+
+    def line(self, text):
+        if self.enabled:
+            print(("\r\033[K" if sys.stdout.isatty() else "") + text, flush=True)
+
+    def rate(self, step):
+        """Steps per second since the start, and the time left at that rate."""
+        sps = (step - self.start_step) / max(time.time() - self.start_time, 1e-6)
+        left = (self.total - step) / max(sps, 1e-6)
+        return sps, f"{left / 3600:.1f} h" if left > 5400 else f"{left / 60:.0f} min" if left > 90 else f"{left:.0f} s"
+
+    def progress(self, text, step):
+        """A status line that a terminal rewrites in place, at most 4 times a second (not in a log file)."""
+        if self.enabled and sys.stdout.isatty() and time.time() - self.shown > 0.25:
+            sps, left = self.rate(step)
+            print(f"\r\033[K{text}  step {step}/{self.total}  SPS {sps:.0f}  {left} left", end="", flush=True)
+            self.shown = time.time()
+
+    # ── end status line ──
+
+
+# [7] Initialisation: `std` is the L2 norm of each output unit's weights (orthogonal rows have norm `gain`).
+def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
+    if init_fn == "orthogonal":
+        torch.nn.init.orthogonal_(layer.weight, std)
+    elif init_fn == "xavier_uniform":  # ── rllte's init functions: `std` is the gain ──
+        torch.nn.init.xavier_uniform_(layer.weight, std)
+    elif init_fn == "xavier_normal":
+        torch.nn.init.xavier_normal_(layer.weight, std)
+    else:  # "normed": the PPG paper's scheme, Gaussian weights rescaled per output unit
+        with torch.no_grad():
+            layer.weight.normal_()
+            layer.weight.mul_(std / layer.weight.flatten(1).norm(dim=1).view(-1, *[1] * (layer.weight.dim() - 1)))
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+# [6] IMPALA CNN (Espeholt et al., 2018): three stacks of conv, max-pool and two residual blocks.
+class ResidualBlock(nn.Module):
+    def __init__(self, channels, std, init_fn):
+        super().__init__()
+        self.conv0 = layer_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), std, init_fn)
+        self.conv1 = layer_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), std, init_fn)
+
+    def forward(self, x):
+        return x + self.conv1(nn.functional.relu(self.conv0(nn.functional.relu(x))))
+
+
+def conv_sequence(in_channels, out_channels, init_fn):
+    """A conv, a max-pool that halves the size, two residual blocks: their branches add up to 1/sqrt(3) per stack,
+    so activations keep their size with depth."""
+    block_std = np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
+    conv = layer_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
+    pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+    return nn.Sequential(conv, pool, *[ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)])
+
+
+def impala_cnn(feature_dim, init_fn):
+    """64x64x3 -> 32x32x16 -> 16x16x32 -> 8x8x32 -> `feature_dim` features."""
+    convs = [conv_sequence(3, 16, init_fn), conv_sequence(16, 32, init_fn), conv_sequence(32, 32, init_fn)]
+    dense = layer_init(nn.Linear(32 * 8 * 8, feature_dim), np.sqrt(2), init_fn)
+    return nn.Sequential(*convs, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
+
+
+# ── rllte's hidden layer in the heads ──
+def head(feature_dim, hidden_dim, out_dim, std, init_fn):
+    if hidden_dim == 0:
+        return layer_init(nn.Linear(feature_dim, out_dim), std, init_fn)
+    return nn.Sequential(
+        layer_init(nn.Linear(feature_dim, hidden_dim), np.sqrt(2), init_fn),
+        nn.ReLU(),
+        layer_init(nn.Linear(hidden_dim, out_dim), std, init_fn),
+    )
+
+
+# ── RND [33], Random Network Distillation (Burda et al., 2018): novelty is the error of predicting a fixed random
+# network ──
+def rnd_cnn(out_layers):
+    """The RND paper's convolutions (8x8/4, 4x4/2, 3x3/1; 32, 64, 64 channels) on 64x64 RGB, then `out_layers`."""
+    convs = [nn.Conv2d(3, 32, 8, stride=4), nn.LeakyReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.LeakyReLU()]
+    convs += [nn.Conv2d(64, 64, 3, stride=1), nn.LeakyReLU(), nn.Flatten()]
+    return nn.Sequential(*[layer_init(m, np.sqrt(2)) if isinstance(m, nn.Conv2d) else m for m in convs], *out_layers)
+
+
+class RND(nn.Module):
+    """Target and predictor networks, and the running statistics RND normalises with (saved with the weights)."""
+
+    def __init__(self, num_envs, gamma):
+        super().__init__()
+        self.gamma = gamma
+        self.target = rnd_cnn([layer_init(nn.Linear(64 * 4 * 4, 512), np.sqrt(2))]).requires_grad_(False)
+        self.predictor = rnd_cnn([
+            layer_init(nn.Linear(64 * 4 * 4, 512), np.sqrt(2)), nn.ReLU(),
+            layer_init(nn.Linear(512, 512), np.sqrt(2)), nn.ReLU(),
+            layer_init(nn.Linear(512, 512), np.sqrt(2)),
+        ])  # fmt: skip
+        self.register_buffer("obs_mean", torch.zeros(3, 64, 64))
+        self.register_buffer("obs_var", torch.ones(3, 64, 64))
+        self.register_buffer("obs_count", torch.tensor(0.0))
+        self.register_buffer("return_mean", torch.tensor(0.0))
+        self.register_buffer("return_var", torch.tensor(1.0))
+        self.register_buffer("return_count", torch.tensor(0.0))
+        self.register_buffer("intrinsic_return", torch.zeros(num_envs))  # a running, non-episodic return per env
+
+    @staticmethod
+    def merge(mean, var, count, batch):
+        """Update a running mean and variance in place with a batch (Chan et al.'s parallel formula)."""
+        b_mean, b_var, b_count = batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
+        delta, total = b_mean - mean, count + b_count
+        var.copy_((var * count + b_var * b_count + delta**2 * count * b_count / total) / total)
+        mean.add_(delta * b_count / total)
+        count.fill_(total)
+
+    def normalise(self, x):
+        x = x.permute((0, 3, 1, 2)).float()
+        return ((x - self.obs_mean) / (self.obs_var + 1e-8).sqrt()).clamp(-5, 5)
+
+    def prediction_error(self, x):
+        """Per observation: the mean squared error of the predictor against the target, on normalised pixels."""
+        x = self.normalise(x)
+        return ((self.predictor(x) - self.target(x)) ** 2).mean(1)
+
+    @torch.no_grad()
+    def intrinsic_reward(self, obs, next_obs_seq, chunk):
+        """Rewards (T, N) for reaching `next_obs_seq`, over the std of their running discounted return; the
+        rollout's observations `obs` first update the observation statistics (in chunks, to bound memory)."""
+        flat = obs.flatten(0, 1)
+        for i in range(0, len(flat), chunk):
+            self.merge(self.obs_mean, self.obs_var, self.obs_count, flat[i : i + chunk].permute((0, 3, 1, 2)).float())
+        flat = next_obs_seq.flatten(0, 1)
+        error = torch.cat([self.prediction_error(flat[i : i + chunk]) for i in range(0, len(flat), chunk)])
+        error = error.view(next_obs_seq.shape[:2])
+        returns = []
+        for t in range(len(error)):
+            self.intrinsic_return.mul_(self.gamma).add_(error[t])
+            returns.append(self.intrinsic_return.clone())
+        self.merge(self.return_mean, self.return_var, self.return_count, torch.cat(returns))
+        return error / (self.return_var + 1e-8).sqrt()
+
+
+# ── bf16 autocast [31] ──
+def autocast_bf16(module):
+    """Run `module` under bf16 autocast; its output goes back to fp32, so every loss and ratio stays in fp32."""
+    forward = module.forward
+
+    def forward_bf16(x):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return forward(x).float()
+
+    module.forward = forward_bf16
+    return module
+
+
+class Agent(nn.Module):
+    def __init__(self, num_actions, feature_dim, init_fn, arch, hidden_dim=0):
+        super().__init__()
+        self.network = impala_cnn(feature_dim, init_fn)
+        # [7] Near-uniform initial policy, small initial value: heads 0.01 and 1 (CleanRL), both 0.1 (PPG paper).
+        actor_std, critic_std = (0.1, 0.1) if init_fn == "normed" else (0.01, 1.0)
+        self.actor = head(feature_dim, hidden_dim, num_actions, actor_std, init_fn)
+        self.critic = head(feature_dim, hidden_dim, 1, critic_std, init_fn)
+        # [20] The PPG architectures: what the true value head reads, and what its loss trains.
+        self.arch = arch
+        if arch == "dual":
+            self.value_network = impala_cnn(feature_dim, init_fn)
+        # [21] The auxiliary value head on the policy's features: distils value knowledge into the policy network.
+        self.aux_critic = head(feature_dim, hidden_dim, 1, critic_std, init_fn)
+
+    def value_hidden(self, x, hidden):
+        """The critic's input: its own network (dual), or the policy's features, detached (detach) or not (shared)."""
+        if self.arch == "dual":
+            return self.value_network(x)
+        return hidden.detach() if self.arch == "detach" else hidden
+
+    def get_value(self, x):
+        x = x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
+        return self.critic(self.value_network(x) if self.arch == "dual" else self.network(x))
+
+    def get_action_and_value(self, x, action=None):
+        x = x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
+        hidden = self.network(x)
+        logits = self.actor(hidden)
+        probs = Categorical(logits=logits)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(self.value_hidden(x, hidden))
+
+    def get_pi(self, x):
+        """The policy's logits alone (the old policy of the auxiliary phase)."""
+        return self.actor(self.network(x.permute((0, 3, 1, 2)) / 255.0))
+
+    def get_pi_value_and_aux_value(self, x):
+        x = x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
+        hidden = self.network(x)
+        value = self.critic(self.value_hidden(x, hidden))
+        return Categorical(logits=self.actor(hidden)), value, self.aux_critic(hidden)
+
+
+# [10] Generalized Advantage Estimation (Schulman et al., 2016), all tensors (num_steps, num_envs). `dones[t]` is 1
+# when `obs[t]` starts a new episode; `next_value` and `next_done` bootstrap the tail.
+# ── V-trace [28]: with `ratio` (pi_new / pi_old of the actions taken), the V-trace form of Metta's PPO loss
+# (Espeholt et al., 2018): delta_t = rho_t (r_t + gamma V_t+1 (1 - d_t+1) - V_t) and A_t = delta_t + gamma lambda c_t
+# (1 - d_t+1) A_t+1, rho and c the ratio clipped at `rho_clip` and `c_clip`. Without it rho = c = 1: GAE, bit for bit ──
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda, ratio=None, rho_clip=1.0, c_clip=1.0):
+    rho = torch.ones_like(rewards) if ratio is None else ratio.clamp(max=rho_clip)
+    c = torch.ones_like(rewards) if ratio is None else ratio.clamp(max=c_clip)
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(len(rewards))):
+        if t == len(rewards) - 1:
+            nextnonterminal = 1.0 - next_done
+            nextvalues = next_value
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            nextvalues = values[t + 1]
+        delta = rho[t] * (rewards[t] + gamma * nextvalues * nextnonterminal - values[t])
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * c[t] * nextnonterminal * lastgaelam
+    return advantages, advantages + values
+
+
+# [13] The clipped surrogate objective, per sample, as a loss to minimise.
+def clipped_policy_loss(logratio, advantages, clip_coef):
+    ratio = logratio.exp()
+    return torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef))
+
+
+# [14] Value loss per sample, clipped around the rollout's values by its own range (None: plain squared error); the
+# clip and the 0.5 are PPO2's and CleanRL's (OpenAI's PPG code: vf_coef x the squared error, never clipped).
+def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
+    v_loss_unclipped = (newvalue - returns) ** 2
+    if clip_range_vf is None:
+        return 0.5 * v_loss_unclipped
+    v_clipped = oldvalue + torch.clamp(newvalue - oldvalue, -clip_range_vf, clip_range_vf)
+    return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2)
+
+
+# [12] Minibatches: a fresh shuffle of the whole batch every epoch.
+def minibatch_indices(batch_size, minibatch_size):
+    b_inds = np.random.permutation(batch_size)
+    return [b_inds[start : start + minibatch_size] for start in range(0, batch_size, minibatch_size)]
+
+
+# [22] Behaviour cloning term of the auxiliary phase: KL(old policy || new policy).
+def policy_kl(old_logits, new_logits):
+    return torch.distributions.kl_divergence(Categorical(logits=old_logits), Categorical(logits=new_logits)).mean()
+
+
+# [23] The auxiliary phase: distil the value into the policy network while cloning the old policy.
+def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args, progress=lambda text: None):
+    """E_aux epochs over the phase buffer, `num_aux_rollouts` whole rollouts per minibatch; returns mean losses.
+
+    `aux_obs` is (num_steps, rollouts, 64, 64, 3) uint8 and `aux_returns` (num_steps, rollouts).
+    """
+    num_rollouts, mb_rollouts = aux_obs.shape[1], args.num_aux_rollouts // args.world_size  # [30] this process's share
+    # the old policy: its logits for the whole buffer, before any auxiliary step
+    with torch.no_grad():
+        chunks = [aux_obs[:, i : i + mb_rollouts] for i in range(0, num_rollouts, mb_rollouts)]
+        aux_logits = torch.cat([agent.get_pi(c.flatten(0, 1)).unflatten(0, c.shape[:2]) for c in chunks], dim=1)
+    stats = {"kl_loss": [], "aux_value_loss": [], "real_value_loss": []}
+    optimizer.zero_grad()
+    for _epoch in range(args.e_auxiliary):
+        minibatches = minibatch_indices(num_rollouts, mb_rollouts)
+        for i, mb_inds in enumerate(minibatches):
+            m_obs = aux_obs[:, mb_inds].reshape(-1, 64, 64, 3)
+            m_returns = aux_returns[:, mb_inds].reshape(-1)
+            m_logits = aux_logits[:, mb_inds].reshape(-1, aux_logits.shape[-1])
+            new_pi, new_value, new_aux_value = agent.get_pi_value_and_aux_value(m_obs)
+            kl_loss = policy_kl(m_logits, new_pi.logits)
+            aux_value_loss = 0.5 * ((new_aux_value.view(-1) - m_returns) ** 2).mean()
+            real_value_loss = 0.5 * ((new_value.view(-1) - m_returns) ** 2).mean()
+            loss = aux_value_loss + args.beta_clone * kl_loss + real_value_loss
+            # gradients of n_aux_grad_accum minibatches add up before a step; zeroed only after it
+            (loss / args.n_aux_grad_accum).backward()
+            if (i + 1) % args.n_aux_grad_accum == 0:
+                all_reduce_grads(agent.parameters(), args.world_size)  # [30]
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            progress(f"auxiliary phase  epoch {_epoch + 1}/{args.e_auxiliary}  minibatch {i + 1}/{len(minibatches)}")
+            for key, value in (
+                ("kl_loss", kl_loss),
+                ("aux_value_loss", aux_value_loss),
+                ("real_value_loss", real_value_loss),
+            ):
+                stats[key].append(value.detach())
+    means = [torch.stack(v).mean().item() for v in stats.values()]
+    return dict(zip(stats, rank_reduce(means, args.world_size), strict=True))  # [30]
+
+
+# ── prioritised sampling [29] of env segments (Metta's PPO loss; Schaul et al., 2016) ──
+def prioritized_segments(priorities, num_minibatches, alpha, beta):
+    """Segment indices (num_minibatches, segments per minibatch) and their importance weights.
+
+    alpha = 0: every segment exactly once, in a random order, weight 1. alpha > 0: independent draws with
+    P(i) = p_i^alpha / sum_j p_j^alpha, weighted by (N P(i))^-beta. The weights are not divided by their
+    maximum (Metta's choice, not Schaul et al.'s): at beta = 1 they average to 1 under P, so the weighted
+    loss estimates the uniform loss at its own scale, and the step size does not shrink with the rarest segment.
+    """
+    n = len(priorities)
+    if alpha == 0:
+        return np.random.permutation(n).reshape(num_minibatches, -1), np.ones((num_minibatches, n // num_minibatches))
+    scaled = (np.asarray(priorities, dtype=np.float64) + 1e-8) ** alpha
+    probs = scaled / scaled.sum()
+    draws = np.random.choice(n, size=(num_minibatches, n // num_minibatches), p=probs)
+    return draws, (n * probs[draws]) ** -beta
+
+
+def minibatches(advantages, args: Args, beta):
+    """[12] Shuffled samples, weight None; or [29] whole env segments (columns of the rollout) by priority."""
+    if args.prio_alpha == 0:
+        return [(mb_inds, None) for mb_inds in minibatch_indices(args.local_batch_size, args.local_minibatch_size)]
+    envs, weights = prioritized_segments(
+        advantages.abs().sum(0).cpu().numpy(), args.num_minibatches, args.prio_alpha, beta
+    )
+    steps = np.arange(args.num_steps)[:, None] * args.local_num_envs  # sample t * num_envs + env of the batch
+    weights = torch.as_tensor(weights, dtype=torch.float32, device=advantages.device)
+    return [((steps + e).reshape(-1), w.repeat(args.num_steps)) for e, w in zip(envs, weights, strict=True)]
+
+
+def weighted_mean(x, weights=None):
+    """The mean, or with [29]'s importance weights the weighted mean sum(w x) / n."""
+    return x.mean() if weights is None else (weights * x).mean()
+
+
+# ── end prioritised sampling ──
+
+
+def log_episodes(episodes, infos, global_step, tag):
+    """[4] Keep every episode that ended in a step, not only the first; they are logged once per iteration."""
+    for i in np.flatnonzero(infos.get("_episode", [])):
+        episodes.append((tag, global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
+
+
+# ── pinned copies [34] ──
+class ToDevice:
+    """The envs' numpy arrays as tensors on the device. On CUDA each goes through its own pinned host buffer and an
+    asynchronous copy: the `.cpu()` of the next actions waits for that copy before the envs step and the buffer is
+    written again. Elsewhere the tensor shares the array's memory."""
+
+    def __init__(self, device):
+        self.device, self.pinned = device, {}
+
+    def __call__(self, key, array, dtype=None):
+        if self.device.type != "cuda":
+            return torch.as_tensor(array, device=self.device, dtype=dtype)
+        host = torch.as_tensor(array, dtype=dtype)
+        if key not in self.pinned:  # an env's arrays keep their shape and dtype
+            self.pinned[key] = torch.empty_like(host).pin_memory()
+        return self.pinned[key].copy_(host).to(self.device, non_blocking=True)
+
+
+# ── torchrun [30]: data parallelism, one flattened all-reduce of the gradients per step, global statistics ──
+def init_process_group(backend):
+    """Join the process group. Under torchrun the agent's store outlives a restart, keys and all: each round
+    rendezvouses under its own prefix, so a restarted process never dials the address of a dead one."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return dist.init_process_group(backend)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    store = dist.PrefixStore(f"round_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+    dist.init_process_group(
+        backend, store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
+    )
+
+
+def all_reduce_grads(params, world_size):
+    """Average the gradients over the processes, in one all-reduce of all of them flattened together."""
+    if world_size == 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def global_mean_std(x, world_size):
+    """The mean and the (unbiased) std of `x` over the batches of all processes together."""
+    if world_size == 1:
+        return x.mean(), x.std()
+    stats = torch.stack([x.sum(), (x * x).sum(), torch.tensor(float(x.numel()), device=x.device)]).double()
+    dist.all_reduce(stats)
+    total, total_sq, n = stats
+    mean = total / n
+    return mean.to(x.dtype), ((total_sq - n * mean**2) / (n - 1)).clamp(min=0).sqrt().to(x.dtype)
+
+
+def rank_reduce(values, world_size, mean=True):
+    """Per-process floats (a list) reduced over the processes: their mean, or (mean=False) their maximum."""
+    if world_size == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if mean else dist.ReduceOp.MAX)
+    return (tensor / world_size if mean else tensor).tolist()
+
+
+def gather_objects(obj, world_size, everywhere=True):
+    """Every process's `obj` in a list: on every process, or (everywhere=False) on rank 0 only."""
+    if world_size == 1:
+        return [obj]
+    out = [None] * world_size if everywhere or dist.get_rank() == 0 else None
+    if everywhere:
+        dist.all_gather_object(out, obj)
+    else:
+        dist.gather_object(obj, out, dst=0)
+    return out
+
+
+class NullWriter:
+    """The TensorBoard writer of processes other than rank 0: they log nothing."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+# ── end torchrun ──
+
+
+# ── checkpoints [25]: everything a run needs to continue exactly, procgen's games included, written atomically ──
+def env_state(envs):
+    """Procgen's game states (exact: its level generator too) and the statistics of every wrapper around it."""
+    state, env = [], envs
+    while isinstance(env, gym.vector.VectorWrapper):
+        kept = (np.ndarray, deque, gym.wrappers.utils.RunningMeanStd, int, float)
+        state.append({k: copy.deepcopy(v) for k, v in vars(env).items() if isinstance(v, kept)})
+        env = env.env
+    return {"wrappers": state, "procgen": env.env.get_state(), "video_episode": env.video_episode}
+
+
+def set_env_state(envs, state):
+    env = envs
+    for wrapper_state in state["wrappers"]:
+        vars(env).update(copy.deepcopy(wrapper_state))
+        env = env.env
+    env.env.set_state(state["procgen"])
+    env.video_episode = state["video_episode"]
+
+
+def rng_state():
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_state(state):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(run_dir, name, state, keep=None):
+    """Write to a temporary file, flush it to disk, then rename: a kill at any moment leaves the old files whole."""
+    os.makedirs(f"{run_dir}/checkpoints", exist_ok=True)
+    path = f"{run_dir}/checkpoints/{name}"
+    with open(path + ".tmp", "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+    for old in sorted(glob.glob(f"{run_dir}/checkpoints/iter_*.pt"))[: -keep if keep else 0]:
+        os.remove(old)
+    return path
+
+
+def load_checkpoint(path, flag):
+    """A checkpoint file, or the newest `iter_*.pt` of a run directory; a one-line error for anything else."""
+    if os.path.isdir(path):
+        found = sorted(glob.glob(f"{path}/checkpoints/iter_*.pt") + glob.glob(f"{path}/iter_*.pt"))
+        if not found:
+            arg_error(flag, f"{path}: no checkpoint (checkpoints/iter_*.pt) in this run directory")
+        path = found[-1]
+    if not os.path.isfile(path):
+        arg_error(flag, f"{path}: no such file")
+    try:  # only load files you trust: a checkpoint holds pickled random states
+        return path, torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as exc:  # a truncated or foreign file fails somewhere in torch's zip or pickle layers
+        arg_error(flag, f"{path}: not a readable checkpoint, truncated or another format ({type(exc).__name__})")
+
+
+def check_checkpoint(path, ckpt, args: Args, flags, flag):
+    """Refuse a checkpoint of the other script, or one whose network or rollout sizes differ, naming what differs."""
+    if not isinstance(ckpt, dict) or "args" not in ckpt:
+        arg_error(flag, f"{path}: not a checkpoint of these scripts")
+    if ckpt.get("script") != SCRIPT:
+        arg_error(flag, f"{path}: written by {ckpt.get('script')}.py, not {SCRIPT}.py")
+    for key in flags:
+        if ckpt["args"][key] != getattr(args, key):
+            dashed = key.replace("_", "-")
+            arg_error(flag, f"{path}: made with --{dashed} {ckpt['args'][key]}, this run has {getattr(args, key)}")
+
+
+def load_weights(agent, path, flag):
+    """Load a checkpoint's or a saved model's weights; RND's may be missing or extra (fine-tuning after
+    pretraining drops it); anything else that does not fit is a one-line error naming the file."""
+    path, weights = load_checkpoint(path, flag)
+    weights = weights["model"] if isinstance(weights, dict) and "model" in weights else weights
+    own = agent.state_dict()  # RND's per-env state is sized by the process count of its run: not carried over
+    if isinstance(weights, dict):
+        weights = {
+            k: v for k, v in weights.items() if not k.startswith("rnd.") or getattr(own.get(k), "shape", 0) == v.shape
+        }
+    try:
+        missing, unexpected = agent.load_state_dict(weights, strict=False)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        problem = str(exc).strip().splitlines()[-1].strip()
+        arg_error(flag, f"{path}: the weights do not fit this network ({problem[:200]})")
+    other = [k for k in missing + unexpected if not k.startswith("rnd.")]
+    if other:
+        arg_error(flag, f"{path}: the weights do not fit this network (keys {', '.join(other[:3])} ...)")
+    return path
+
+
+class GracefulStop:
+    """SIGINT/SIGTERM: finish the iteration, write a checkpoint and exit; a second signal exits at once."""
+
+    def __init__(self):
+        self.signum = None
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            print(f"\n{name} again: exiting now, without a checkpoint", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.signum = signum
+        print(f"\n{name}: finishing this iteration, then writing a checkpoint ({name} again exits at once)",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    def restore(self):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def cli_defaults(argv):
+    """With `--resume` or `--eval-only` a checkpoint, its run's flags become the defaults: flags given still win."""
+    for flag in ("--resume", "--eval-only"):
+        for i, arg in enumerate(argv):
+            path = argv[i + 1] if arg == flag and i + 1 < len(argv) else None
+            path = arg.split("=", 1)[1] if arg.startswith(flag + "=") else path
+            if path is not None:
+                ckpt = load_checkpoint(path, flag[2:])[1]
+                if isinstance(ckpt, dict) and ckpt.get("script") == SCRIPT and "args" in ckpt:
+                    start_only = ("resume", "eval_only", "init_model")  # how that run began, not how it goes on
+                    saved = {k: v for k, v in ckpt["args"].items() if k not in start_only}
+                    return Args(**{k: v for k, v in saved.items() if k in Args.__dataclass_fields__})
+    return None
+
+
+# ── end checkpoints ──
+
+
+# ── evaluation of a saved agent [27]: the first episodes of every env, so that short episodes are not favoured ──
+def evaluate(agent, envs, num_episodes, device):
+    """Returns of `num_episodes` episodes: env i plays its first quota[i] of them, whatever their lengths."""
+    quota = np.full(envs.num_envs, num_episodes // envs.num_envs)
+    quota[: num_episodes % envs.num_envs] += 1
+    finished, returns = np.zeros(envs.num_envs, dtype=int), []
+    next_obs = torch.as_tensor(envs.reset()[0], device=device)
+    while (finished < quota).any():
+        with torch.no_grad():
+            action = agent.get_action_and_value(next_obs)[0]
+        next_obs, _, _, _, infos = envs.step(action.cpu().numpy())
+        next_obs = torch.as_tensor(next_obs, device=device)
+        for i in np.nonzero(infos.get("_episode", []))[0]:
+            if finished[i] < quota[i]:
+                returns.append(float(infos["episode"]["r"][i]))
+                finished[i] += 1
+    return returns
+
+
+def evaluate_saved(args: Args):
+    """`--eval-only PATH`: load a checkpoint or a `--save-model` file and report its episodic returns."""
+    path, ckpt = load_checkpoint(args.eval_only, "eval-only")
+    if isinstance(ckpt, dict) and "model" in ckpt:
+        check_checkpoint(path, ckpt, args, NETWORK_FLAGS, "eval-only")
+    agent = Agent(15, args.feature_dim, args.init_fn, args.arch, args.hidden_dim)
+    load_weights(agent, path, "eval-only")
+    device = resolve_device(args.device)
+    agent = agent.to(device)
+    levels = (args.num_levels, args.start_level) if args.eval_train_levels else (0, 0)
+    video_dir = None
+    if args.capture_video:
+        video_dir = make_dir(
+            f"videos/{args.env_id}__{args.exp_name}__eval__{args.seed}__{int(time.time())}", "capture-video"
+        )
+    num_envs = min(args.num_eval_envs, args.eval_episodes)
+    game = dict(env_name=args.env_id, distribution_mode=args.distribution_mode, num_threads=args.env_threads)
+    envs = ProcgenVecEnv(
+        num_envs, args.seed + 2_000_003, video_dir, num_levels=levels[0], start_level=levels[1], **game
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    returns = evaluate(agent, envs, args.eval_episodes, device)
+    envs.close()
+    where = "training" if args.eval_train_levels else "test"
+    print(
+        f"{path}: episodic return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} {where} episodes"
+    )
+    return returns
+
+
+# ── end evaluation ──
+
+
+def train(args: Args):
+    given = asdict(args)  # the flags as given: checkpoints keep them, `--resume` makes them the defaults
+    check_args(args)
+    if args.tune_malloc:
+        tune_malloc()
+    # ── divergence guard [26]: a non-finite network output must reach the guard, not raise in torch.distributions ──
+    torch.distributions.Distribution.set_default_validate_args(False)
+    # ── evaluation [27] ──
+    if args.eval_only is not None:
+        return evaluate_saved(args)
+    device = resolve_device(args.device)
+    # ── torchrun [30] ──
+    if args.world_size > 1:
+        if device.type == "cuda":
+            device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}")  # each process takes its local GPU
+            torch.cuda.set_device(device)
+        init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
+    # under torchrun every process, and every restart of the job, agrees on the run's name
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{os.environ.get('TORCHELASTIC_RUN_ID', int(time.time()))}"
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and glob.glob(f"runs/{run_name}/checkpoints/iter_*"):
+        args.resume = args.resume or f"runs/{run_name}"  # torchrun restarted the job: continue its run
+    # ── checkpoints [25]: resume ──
+    ckpt = None
+    if args.resume is not None:
+        resume_path, ckpt = load_checkpoint(args.resume, "resume")
+        check_checkpoint(resume_path, ckpt, args, NETWORK_FLAGS + ROLLOUT_FLAGS, "resume")
+        if ckpt.get("diagnostic"):
+            arg_error("resume", f"{resume_path}: a diagnostic checkpoint of a diverged run; resume from an iter_*.pt")
+        if len(ckpt["ranks"]) != args.world_size:
+            arg_error(
+                "resume", f"{resume_path}: made by {len(ckpt['ranks'])} processes, this run has {args.world_size}"
+            )
+        run_name = ckpt["run_name"]
+        if ckpt["iteration"] >= args.num_iterations:  # nothing left to do: say so, and write nothing
+            if args.rank == 0:
+                print(f"runs/{run_name} is complete: {ckpt['iteration']} of {args.num_iterations} iterations, "
+                      f"{ckpt['global_step']} steps; to extend it: python {SCRIPT}.py --resume runs/{run_name} "
+                      f"--total-timesteps {2 * args.total_timesteps}")  # fmt: skip
+            return run_name
+    # ── end resume ──
+    if args.track and args.rank == 0:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
+                   name=run_name, monitor_gym=True, save_code=True)  # fmt: skip
+    # on resume, the log continues: events after the checkpoint's step, left by the interrupted run, are dropped
+    purge_step = ckpt["global_step"] + 1 if ckpt else None
+    writer = (
+        SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"), purge_step=purge_step)
+        if args.rank == 0
+        else NullWriter()
+    )
+    args.device = str(device)  # the device used, not `auto`
+    table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    console = Console(total=args.num_iterations * args.batch_size, enabled=args.rank == 0)
+    console.line(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on "
+                 f"{device}; logs in runs/{run_name} (tensorboard --logdir runs)")  # fmt: skip
+
+    # TRY NOT TO MODIFY: seeding
+    random.seed(args.seed)
+    np.random.seed(args.seed + args.rank)  # [30] each process shuffles its own minibatches
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+
+    # env setup: [3] training levels [start_level, start_level + num_levels), held-out test envs on all levels
+    game = dict(env_name=args.env_id, distribution_mode=args.distribution_mode, num_threads=args.env_threads)
+    env_seed = args.seed + 7919 * args.rank  # [30] every process plays its own levels
+    envs = ProcgenVecEnv(
+        args.local_num_envs, env_seed, num_levels=args.num_levels, start_level=args.start_level, **game
+    )
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    if args.norm_reward:  # [5] Reward scaling by the std of the discounted return so far (with the training
+        # discount; OpenAI's PPG code uses 0.99), then clipping
+        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
+        envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
+    if args.eval_interval > 0:
+        video_dir = make_dir(f"videos/{run_name}", "capture-video") if args.capture_video and args.rank == 0 else None
+        test_envs = ProcgenVecEnv(
+            args.num_eval_envs // args.world_size, env_seed + 1_000_003, video_dir, num_levels=0, **game
+        )
+        test_envs = gym.wrappers.vector.RecordEpisodeStatistics(test_envs)
+        test_obs = torch.as_tensor(test_envs.reset()[0], device=device)
+
+    agent = Agent(envs.single_action_space.n, args.feature_dim, args.init_fn, args.arch, args.hidden_dim)
+    # ── RND [33] ──
+    if args.intrinsic_coef > 0:
+        agent.rnd = RND(args.local_num_envs, args.gamma)
+    if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
+        load_weights(agent, args.init_model, "init-model")
+    # ── bf16 autocast [31] ──
+    if args.autocast == "bf16":
+        for name, module in agent.named_children():
+            if name != "rnd":
+                autocast_bf16(module)
+    agent = agent.to(device)
+    # ── torchrun [30]: the same starting weights everywhere, but each process samples its own actions ──
+    if args.world_size > 1:
+        for p in agent.parameters():
+            dist.broadcast(p.data, src=0)
+        torch.manual_seed(args.seed + args.rank)
+    # [8] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+
+    # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
+    obs = torch.zeros((args.num_steps, envs.num_envs, 64, 64, 3), dtype=torch.uint8).to(device)
+    actions = torch.zeros((args.num_steps, envs.num_envs), dtype=torch.long).to(device)
+    logprobs = torch.zeros((args.num_steps, envs.num_envs)).to(device)
+    rewards = torch.zeros((args.num_steps, envs.num_envs)).to(device)
+    dones = torch.zeros((args.num_steps, envs.num_envs)).to(device)
+    values = torch.zeros((args.num_steps, envs.num_envs)).to(device)
+    to_device = ToDevice(device)  # [34] pinned copies
+    # [19] The phase buffer: every observation of a phase, kept as uint8 for the auxiliary phase.
+    aux_obs = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration, 64, 64, 3), dtype=torch.uint8).to(device)
+    aux_returns = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration)).to(device)
+    console.line(f"phase buffer: {aux_obs.nbytes / 2**30:.2f} GiB on {device}")
+
+    # TRY NOT TO MODIFY: start the game
+    global_step = 0
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = torch.as_tensor(next_obs, device=device)
+    next_done = torch.zeros(envs.num_envs).to(device)
+    recent_returns, recent_test_returns = deque(maxlen=100), deque(maxlen=100)
+    # ── checkpoints [25]: continue exactly: weights, optimizer, games, wrapper statistics, random states, counters ──
+    start_iteration = 1
+    if ckpt:
+        agent.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        mine = ckpt["ranks"][args.rank]  # what belongs to this process: its envs and random states
+        set_env_state(envs, mine["envs"])
+        next_obs, next_done = mine["next_obs"].to(device), mine["next_done"].to(device)
+        if args.eval_interval > 0 and mine["test_envs"] is not None:
+            set_env_state(test_envs, mine["test_envs"])
+            test_obs = mine["test_obs"].to(device)
+        set_rng_state(mine["rng"])
+        aux_obs[:, : mine["aux_obs"].shape[1]] = mine["aux_obs"].to(device)  # [19] the phase so far
+        aux_returns[:, : mine["aux_returns"].shape[1]] = mine["aux_returns"].to(device)
+        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        console.line(f"resumed from {resume_path}: iteration {ckpt['iteration']}, step {global_step}")
+        recent_returns.extend(ckpt.get("recent_returns", []))  # the console's averages go on as if never stopped
+        recent_test_returns.extend(ckpt.get("recent_test_returns", []))
+        console.start_step, console.start_time = global_step, time.time()  # the steps per second count from here
+    stop = GracefulStop()
+    # ── end checkpoints ──
+
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        iteration_start, episodes = time.time(), []
+        where = f"iter {iteration}/{args.num_iterations}"  # the console's status line
+        last_good = {"iteration": iteration - 1, "model": copy.deepcopy(agent.state_dict()),
+                     "optimizer": copy.deepcopy(optimizer.state_dict())}  # fmt: skip  # [26] divergence guard
+        # [9] Learning-rate annealing over the whole run, when on.
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / args.num_iterations
+            lrnow = frac * args.learning_rate
+            optimizer.param_groups[0]["lr"] = lrnow
+
+        env_time = inference_time = 0.0  # [32] perf timers: where the time goes, logged as perf/*
+        for step in range(0, args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
+            dones[step] = next_done
+
+            # ALGO LOGIC: action logic
+            tick = time.perf_counter()  # [32]
+            with torch.no_grad():
+                action, logprob, _, value = agent.get_action_and_value(next_obs)
+                values[step] = value.flatten()
+            actions[step] = action
+            logprobs[step] = logprob
+            action = action.cpu().numpy()
+            inference_time += time.perf_counter() - tick  # [32]
+
+            # TRY NOT TO MODIFY: execute the game and log data.
+            tick = time.perf_counter()  # [32]
+            next_obs, reward, terminations, truncations, infos = envs.step(action)
+            env_time += time.perf_counter() - tick  # [32]
+            rewards[step] = to_device("reward", reward).view(-1)
+            next_obs = to_device("obs", next_obs)
+            next_done = to_device("done", np.logical_or(terminations, truncations), torch.float32)
+            log_episodes(episodes, infos, global_step, "")
+            console.progress(f"{where}  rollout {step + 1}/{args.num_steps}", global_step)
+
+        # [3] Held-out evaluation: the same stochastic policy on levels it never trains on.
+        eval_start = time.perf_counter()  # [32]
+        if args.eval_interval > 0 and iteration % args.eval_interval == 0:
+            for _ in range(args.num_steps):
+                with torch.no_grad():
+                    test_action = agent.get_action_and_value(test_obs)[0]
+                test_obs, _, _, _, test_infos = test_envs.step(test_action.cpu().numpy())
+                test_obs = to_device("test_obs", test_obs)
+                log_episodes(episodes, test_infos, global_step, "test_")
+
+        eval_time, update_start = time.perf_counter() - eval_start, time.perf_counter()  # [32]
+        # ── RND [33]: the intrinsic reward joins the extrinsic one before GAE (rllte adds it after GAE, where it never
+        # reaches the update); in pretraining it replaces it ──
+        if args.intrinsic_coef > 0:
+            next_obs_seq = torch.cat([obs[1:], next_obs[None]])  # the observation each step led to
+            intrinsic = agent.rnd.intrinsic_reward(obs, next_obs_seq, args.local_minibatch_size)
+            rewards.mul_(0.0 if args.pretraining else 1.0).add_(args.intrinsic_coef * intrinsic)
+        # bootstrap value if not done
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs).reshape(1, -1)
+            advantages, returns = compute_gae(
+                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
+            )
+
+        # [19] Keep the rollout for the auxiliary phase, in the slot of this iteration of the phase.
+        slot = (iteration - 1) % args.n_iteration
+        aux_obs[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = obs
+        aux_returns[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = returns
+
+        # flatten the batch
+        b_obs = obs.reshape((-1, 64, 64, 3))
+        b_logprobs = logprobs.reshape(-1)
+        b_actions = actions.reshape(-1)
+        b_values = values.reshape(-1)
+
+        # Optimizing the policy and value network
+        clipfracs = []  # kept on the device, read once when logged: no sync per minibatch
+        rho_clipfracs, mb_weight_means = [], []  # [28], [29]
+        beta = args.prio_beta0 + (1 - args.prio_beta0) * (iteration - 1) / max(1, args.num_iterations - 1)  # [29]
+        for epoch in range(max(args.e_policy, args.v_value)):
+            # ── V-trace [28]: from the second epoch on, the current policy's ratios reweight the TD errors (once per
+            # epoch, by one pass over the batch; in the first epoch the ratio is 1, and this is GAE) ──
+            if args.vtrace and epoch > 0:
+                with torch.no_grad():
+                    mbs = args.local_minibatch_size  # the pass goes in minibatch-sized chunks, like the update
+                    newlogprob = torch.cat(
+                        [agent.get_action_and_value(b_obs[i : i + mbs], b_actions[i : i + mbs])[1]
+                         for i in range(0, args.local_batch_size, mbs)]
+                    )  # fmt: skip
+                    ratio = (newlogprob - b_logprobs).exp().view(args.num_steps, args.local_num_envs)
+                    clips = (args.vtrace_rho_clip, args.vtrace_c_clip)
+                    advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma,
+                                                      args.gae_lambda, ratio, *clips)  # fmt: skip
+                    rho_clipfracs.append((ratio > args.vtrace_rho_clip).float().mean())
+            b_advantages = advantages.reshape(-1)
+            b_returns = returns.reshape(-1)
+            # [11] Advantage normalisation over the whole batch (OpenAI's PPG code), not per minibatch as in CleanRL.
+            if args.norm_adv:
+                b_mean, b_std = global_mean_std(b_advantages, args.world_size)  # [30] over all processes' batches
+                b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
+            for mb_inds, mb_weights in minibatches(advantages, args, beta):  # [29]
+                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
+                logratio = newlogprob - b_logprobs[mb_inds]
+                ratio = logratio.exp()
+
+                with torch.no_grad():
+                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
+                    old_approx_kl = (-logratio).mean()
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean()]
+
+                pg_loss = weighted_mean(
+                    clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef), mb_weights
+                )
+                v_loss = clipped_value_loss(
+                    newvalue.view(-1), b_values[mb_inds], b_returns[mb_inds], args.clip_range_vf
+                )
+                v_loss = weighted_mean(v_loss, mb_weights)  # [29]
+                if mb_weights is not None:
+                    mb_weight_means.append(mb_weights.mean())
+                entropy_loss = entropy.mean()  # [15] entropy bonus, keeps exploring
+                # [24] E_pi policy epochs and E_V value epochs share their minibatch passes. An epoch past E_pi (or
+                # E_V) leaves that loss out: what only it reaches gets no gradient (None), and Adam skips it; a loss
+                # multiplied by 0 would give zero gradients, and Adam would still move those weights on its momentum.
+                loss = torch.zeros((), device=device)
+                if epoch < args.e_policy:
+                    loss = loss + pg_loss - args.ent_coef * entropy_loss
+                if epoch < args.v_value:
+                    loss = loss + v_loss * args.vf_coef
+                if args.intrinsic_coef > 0:  # [33] the RND predictor learns on a random share of each minibatch
+                    share = torch.rand(len(mb_inds), device=device) < args.rnd_update_proportion
+                    rnd_loss = (agent.rnd.prediction_error(b_obs[mb_inds]) * share).sum() / share.sum().clamp(min=1)
+                    loss = loss + rnd_loss
+
+                optimizer.zero_grad()
+                loss.backward()
+                all_reduce_grads(agent.parameters(), args.world_size)  # [30]
+                # [16] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+                console.progress(f"{where}  update, epoch {epoch + 1}", global_step)
+
+            # [17] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
+            if args.target_kl is not None and rank_reduce([approx_kl.item()], args.world_size)[0] > args.target_kl:
+                break
+
+        y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
+        update_time = time.perf_counter() - update_start  # [32]
+        var_y = np.var(y_true)
+        explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
+
+        # TRY NOT TO MODIFY: record rewards for plotting purposes
+        stats = {
+            "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
+            "losses/entropy": entropy_loss.item(), "losses/old_approx_kl": old_approx_kl.item(),
+            "losses/approx_kl": approx_kl.item(), "losses/clipfrac": torch.stack(clipfracs).mean().item(),
+            "losses/explained_variance": explained_var,
+        }  # fmt: skip
+        if args.vtrace:  # [28] the share of importance ratios above the clip, over the recomputing epochs
+            stats["losses/vtrace_rho_clipfrac"] = torch.stack(rho_clipfracs).mean().item() if rho_clipfracs else 0.0
+        if args.intrinsic_coef > 0:  # [33] the mean normalised intrinsic reward, and the predictor's loss
+            stats["charts/intrinsic_reward"], stats["losses/rnd_loss"] = intrinsic.mean().item(), rnd_loss.item()
+        if args.prio_alpha > 0:  # [29] the mean importance weight of the sampled segments
+            stats["losses/prio_mean_weight"] = torch.stack(mb_weight_means).mean().item()
+            writer.add_scalar("charts/prio_beta", beta, global_step)
+        for tag, value in zip(stats, rank_reduce(list(stats.values()), args.world_size), strict=True):  # [30]
+            writer.add_scalar(tag, value, global_step)
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        parts = {"env": env_time, "inference": inference_time, "eval": eval_time, "update": update_time}  # [32]
+        for part, seconds in {**parts, "iteration": time.time() - iteration_start}.items():
+            writer.add_scalar(f"perf/{part}_seconds", seconds, global_step)  # rank 0's
+        episodes = [e for rank_episodes in gather_objects(episodes, args.world_size) for e in rank_episodes]  # [30]
+        for tag, step, r, l in episodes:
+            writer.add_scalar(f"charts/{tag}episodic_return", r, step)
+            writer.add_scalar(f"charts/{tag}episodic_length", l, step)
+            (recent_test_returns if tag else recent_returns).append(r)
+        sps, left = console.rate(global_step)
+        writer.add_scalar("charts/SPS", int(sps), global_step)
+        console.line(
+            f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  "
+            f"({time.time() - iteration_start:.1f}s/iter, {left} left)  "
+            f"return {np.mean(recent_returns or [np.nan]):.2f}  test {np.mean(recent_test_returns or [np.nan]):.2f}"
+        )
+
+        # [23] The auxiliary phase closes each phase of n_iteration policy iterations.
+        if iteration % args.n_iteration == 0:
+            aux_start = time.time()
+            show = functools.partial(console.progress, step=global_step)  # the status line
+            aux_stats = auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args, show)
+            writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # [32]
+            for key, value in aux_stats.items():
+                writer.add_scalar(f"losses/aux/{key}", value, global_step)
+            console.line(
+                f"phase {iteration // args.n_iteration}/{args.num_phases}  aux {time.time() - aux_start:.1f}s  "
+                + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items())
+            )
+
+        # ── divergence guard [26]: a non-finite loss or parameter stops the run before it reaches a checkpoint ──
+        watched = {"losses/policy_loss": pg_loss, "losses/value_loss": v_loss, "losses/entropy": entropy_loss}
+        watched.update(agent.named_parameters())
+        bad = next((key for key, value in watched.items() if not torch.isfinite(value).all()), None)
+        bad = next((b for b in gather_objects(bad, args.world_size) if b is not None), None)  # stop together
+        if bad is not None:
+            if args.rank == 0:
+                diagnostic = {**last_good, "script": SCRIPT, "args": given, "diagnostic": True}
+                path = save_checkpoint(f"runs/{run_name}", f"diverged_iter_{iteration:08d}.pt", diagnostic)
+                print(f"{SCRIPT}.py: diverged at iteration {iteration}: {bad} is not finite; the weights from before "
+                      f"this iteration are in {path}; earlier checkpoints are untouched", file=sys.stderr)  # fmt: skip
+            writer.close()
+            stop.restore()
+            raise SystemExit(3)
+
+        # ── checkpoints [25]: at the interval, and when a signal asked to stop ──
+        signum = int(rank_reduce([stop.signum or 0], args.world_size, mean=False)[0])  # any process's signal stops all
+        if (args.checkpoint_interval and iteration % args.checkpoint_interval == 0) or signum:
+            mine = {
+                "rng": rng_state(), "envs": env_state(envs), "next_obs": next_obs.cpu(), "next_done": next_done.cpu(),
+                "test_envs": env_state(test_envs) if args.eval_interval > 0 else None,
+                "test_obs": test_obs.cpu() if args.eval_interval > 0 else None,
+                # [19] inside a phase, the part of the phase buffer filled so far; empty at a phase boundary
+                "aux_obs": aux_obs[:, : iteration % args.n_iteration * envs.num_envs].cpu(),
+                "aux_returns": aux_returns[:, : iteration % args.n_iteration * envs.num_envs].cpu(),
+            }  # fmt: skip
+            ranks = gather_objects(mine, args.world_size, everywhere=False)
+            ckpt_path = f"runs/{run_name}/checkpoints/iter_{iteration:08d}.pt"
+            if args.rank == 0:
+                state = {
+                    "script": SCRIPT, "args": given, "run_name": run_name, "iteration": iteration,
+                    "global_step": global_step, "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                    "ranks": ranks, "recent_returns": list(recent_returns),
+                    "recent_test_returns": list(recent_test_returns),
+                }  # fmt: skip
+                save_checkpoint(f"runs/{run_name}", f"iter_{iteration:08d}.pt", state, args.keep_checkpoints)
+                console.line(f"checkpoint: {ckpt_path}")
+        if signum:
+            if args.rank == 0:
+                print(f"stopped by {signal.Signals(signum).name} after iteration {iteration}, checkpoint {ckpt_path}\n"
+                      f"resume with: python {SCRIPT}.py --resume {ckpt_path}", flush=True)  # fmt: skip
+            writer.close()
+            stop.restore()
+            raise SystemExit(128 + signum)
+        # ── end checkpoints ──
+
+    # ── torchrun [30]: a last check that every process ended with the same weights ──
+    if args.world_size > 1:
+        flat = torch.nn.utils.parameters_to_vector(agent.parameters()).detach()
+        reference = flat.clone()
+        dist.broadcast(reference, src=0)
+        max_diff = rank_reduce([(flat - reference).abs().max().item()], args.world_size, mean=False)[0]
+        writer.add_scalar("charts/ranks_max_param_diff", max_diff, global_step)
+        dist.destroy_process_group()
+
+    if args.save_model and args.rank == 0:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        torch.save(agent.state_dict(), model_path)
+        console.line(f"model saved to {model_path}")
+    envs.close()
+    if args.eval_interval > 0:
+        test_envs.close()
+    writer.close()
+    stop.restore()  # [25]
+    return run_name
+
+
+# ── the phase buffer's size in --help ──
+def phase_buffer_help(argv):
+    """The --help description, with the phase buffer's size for the flags given beside --help."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            args = tyro.cli(Args, args=[a for a in argv if a not in ("-h", "--help")])
+    except SystemExit:
+        args = Args()
+    args.world_size = 1
+    return (
+        f"PPG on Procgen. With these flags the phase buffer holds {args.num_steps} x {args.num_envs} x "
+        f"{args.n_iteration} observations: {phase_buffer_bytes(args) / 2**30:.2f} GiB on the training device."
+    )
+
+
+if __name__ == "__main__":
+    description = phase_buffer_help(sys.argv[1:]) if {"-h", "--help"} & set(sys.argv) else None
+    train(tyro.cli(Args, default=cli_defaults(sys.argv[1:]), description=description))  # [25] checkpoint's flags
