@@ -53,7 +53,9 @@ def ceiling(num_envs, steps, threads, reps):
     """Steps per second of procgen alone, random actions, the median over `reps` timings."""
     from ppo_procgen import ProcgenVecEnv
 
-    env = ProcgenVecEnv("starpilot", num_envs, 200, 0, "easy", 1, threads)
+    env = ProcgenVecEnv(
+        num_envs, 1, env_name="starpilot", num_levels=200, start_level=0, distribution_mode="easy", num_threads=threads
+    )
     env.reset()
     rng = np.random.default_rng(0)
     actions = rng.integers(0, 15, (steps, num_envs))
