@@ -50,7 +50,8 @@ def random_policy_return(env_id, episodes=500, seed=1):
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from ppo_procgen import Args, evaluate, make_env
+    import gymnasium as gym
+    from ppo_procgen_full import Args, ProcgenVecEnv, evaluate
 
     args = Args(env_id=env_id)
 
@@ -60,7 +61,9 @@ def random_policy_return(env_id, episodes=500, seed=1):
         def get_action_and_value(self, obs):
             return (torch.randint(0, 15, (obs.shape[0],), generator=generator),)
 
-    envs = make_env(args, 20, args.num_levels, args.start_level, seed, train=False)
+    game = dict(env_name=env_id, distribution_mode=args.distribution_mode, num_threads=args.env_threads)
+    envs = ProcgenVecEnv(20, seed, num_levels=args.num_levels, start_level=args.start_level, **game)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     returns = evaluate(RandomAgent(), envs, episodes, torch.device("cpu"))
     envs.close()
     return float(np.mean(returns)), float(np.std(returns))
