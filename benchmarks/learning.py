@@ -48,9 +48,9 @@ EASY_RANGES = {
 def random_policy_return(env_id, episodes=500, seed=1):
     """The mean return of uniformly random actions on the training levels (200, easy), per-env episode quotas."""
     sys.path.insert(0, str(ROOT))
+    import gymnasium as gym
     import torch
 
-    import gymnasium as gym
     from ppo_procgen_full import Args, ProcgenVecEnv, evaluate
 
     args = Args(env_id=env_id)
