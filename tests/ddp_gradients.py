@@ -24,7 +24,7 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 args = tyro.cli(script.Args, args=["--num-envs", "4", "--num-steps", "8"])
 torch.manual_seed(0)
-agent = script.Agent(args, 15)
+agent = script.Agent(15, args.feature_dim, args.init_fn, *([args.arch] if hasattr(args, "arch") else []))
 g = torch.Generator().manual_seed(1)
 T, E = 8, 4
 obs = torch.randint(0, 256, (T, E, 64, 64, 3), dtype=torch.uint8, generator=g)
@@ -41,8 +41,8 @@ def gradients(envs, normalise, all_reduce):
     mean, std = normalise(b_adv)
     b_adv = (b_adv - mean) / (std + 1e-8)
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs[:, envs].reshape(-1, 64, 64, 3), b(actions))
-    pg_loss = script.clipped_policy_loss(newlogprob - b(logprobs), b_adv, args.clip_coef)
-    v_loss = script.clipped_value_loss(newvalue.view(-1), b(values), b(returns), args.clip_range_vf)
+    pg_loss = script.clipped_policy_loss(newlogprob - b(logprobs), b_adv, args.clip_coef).mean()
+    v_loss = script.clipped_value_loss(newvalue.view(-1), b(values), b(returns), args.clip_range_vf).mean()
     loss = pg_loss - args.ent_coef * entropy.mean() + v_loss * args.vf_coef
     loss.backward()
     if all_reduce:
