@@ -76,5 +76,5 @@ def test_learning_report_from_smoke_runs(tmp_path):
     assert all(r[1] == r[2] and float(r[3]) == 0 and float(r[4]) == 0 for r in stats)
     assert [r[0] for r in per_iteration] == ["128", "256"] and all(r[1] == r[2] and r[3] == r[4] for r in per_iteration)
     stats, per_iteration = compare_rows(ppo_run, ppg_run, tmp_path / "algorithms.md")
-    assert len(stats) == 8 and all(float(r[4]) > 0 for r in stats if r[0] != "losses/clipfrac")
+    assert len(stats) == 6 and all(float(r[4]) > 0 for r in stats if r[0] != "losses/clipfrac")
     assert len(per_iteration) == 2 and per_iteration[0][1] != per_iteration[0][2]  # approx_kl
