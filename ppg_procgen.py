@@ -1,16 +1,14 @@
 # PPG: https://arxiv.org/abs/2009.04416 -- built on PPO: https://arxiv.org/abs/1707.06347
-"""PPG on Procgen: PPO plus the auxiliary phase. The defaults are the Procgen paper's easy generalisation setup
-(starpilot, 200 training levels, 25M steps, 64 envs x 256 steps, 8 minibatches) with the PPG paper's phases (32
-policy iterations, then 6 auxiliary epochs; separate policy and value networks). ppg_procgen.py is the lean
-reference; ppg_procgen_full.py is the same file plus checkpoints, torchrun, RND, V-trace and more.
-    python ppg_procgen.py --total-timesteps 8192 --n-iteration 4 --num-envs 16 --num-steps 64 --e-auxiliary 1  # 1 min
-"""
+"""PPG on Procgen, PPO plus the auxiliary phase: the Procgen paper's easy generalisation setup (starpilot, 200 training
+levels, 25M steps, 64 envs x 256 steps, 8 minibatches) with the PPG paper's phases (32 policy iterations, then 6
+auxiliary epochs; separate policy and value networks). ppg_procgen.py is the lean reference; ppg_procgen_full.py is
+the same file plus checkpoints, torchrun, RND, V-trace and more. A quick look on a CPU (1 min):
+python ppg_procgen.py --total-timesteps 8192 --n-iteration 4 --num-envs 16 --num-steps 64 --e-auxiliary 1"""
 
 import contextlib
 import ctypes
 import importlib.util
 import io
-import math
 import os
 import random
 import sys
@@ -36,16 +34,10 @@ with contextlib.redirect_stderr(io.StringIO()):  # the old `gym` that procgen im
         from procgen_gym import ProcgenVecEnv as Procgen  # procgen-gym (3.13): the same C++ games
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
-# the games, and the distribution modes beyond easy and hard that procgen builds only for some of them
-PROCGEN_GAMES = (
-    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
-    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
-)  # fmt: skip
-MODE_GAMES = {
-    "extreme": ("chaser", "dodgeball", "leaper", "starpilot"),
-    "memory": ("caveflyer", "dodgeball", "heist", "jumper", "maze", "miner"),
-    "exploration": ("caveflyer", "climber", "coinrun", "heist", "jumper", "leaper", "maze", "ninja"),
-}
+PROCGEN_GAMES = ("bigfish bossfight caveflyer chaser climber coinrun dodgeball fruitbot heist jumper leaper maze miner "
+                 "ninja plunder starpilot").split()  # fmt: skip
+MODE_GAMES = {"extreme": "chaser dodgeball leaper starpilot", "memory": "caveflyer dodgeball heist jumper maze miner",
+              "exploration": "caveflyer climber coinrun heist jumper leaper maze ninja"}  # fmt: skip
 
 
 @dataclass
@@ -59,7 +51,6 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:N` or `mps`"""
-
     # Environment
     env_id: str = "starpilot"
     """the Procgen game"""
@@ -73,14 +64,11 @@ class Args:
     """step the held-out test env (all levels) for `num_steps` steps every this many iterations; 0 = off"""
     num_eval_envs: int = 16
     """the number of parallel test envs"""
-
     # Algorithm
     total_timesteps: int = 25_000_000
     """total timesteps of the experiment"""
     learning_rate: float = 5e-4
     """the learning rate of the optimizer"""
-    adam_eps: float = 1e-5
-    """the epsilon of Adam"""
     num_envs: int = 64
     """the number of parallel game environments"""
     num_steps: int = 256
@@ -115,7 +103,6 @@ class Args:
     """the size of the encoder's output (the dense layer after the IMPALA CNN)"""
     init_fn: Literal["orthogonal", "normed"] = "normed"
     """the weight initialisation: orthogonal (CleanRL), normed (the PPG paper)"""
-
     # PPG
     arch: Literal["dual", "shared", "detach"] = "dual"
     """dual: separate policy and value networks (the paper's default); shared: one network, the value
@@ -135,7 +122,6 @@ class Args:
     """the whole env rollouts in one auxiliary minibatch"""
     n_aux_grad_accum: int = 1
     """the auxiliary minibatches whose gradients add up to one optimizer step"""
-
     # Logging and saving
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
@@ -149,32 +135,26 @@ class Args:
     """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
 
 
-# Every flag's rule, checked before any work starts: flags -> (rule, is the value `v` allowed, with all flags `a`).
-# Bool and Literal flags have their type as their rule; non-finite floats are refused everywhere.
+# The rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal's type is its rule
 RULES = {
-    ("exp_name", "wandb_project_name", "wandb_entity"): (
-        "must be a name without /",
-        lambda v, a: v is None or v.strip() and "/" not in v,
-    ),  # fmt: skip
+    ("exp_name", "wandb_project_name", "wandb_entity"): ("must not contain /", lambda v, a: "/" not in (v or "")),
     ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
-    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: v.strip() != ""),  # then resolve_device
+    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: v.strip() != ""),  # then check_args tries it
     ("env_id",): (f"must be a Procgen game: {', '.join(PROCGEN_GAMES)}", lambda v, a: v in PROCGEN_GAMES),
-    ("distribution_mode",): ("is not built for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, PROCGEN_GAMES)),
-    ("num_levels", "start_level"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
-    ("eval_interval",): ("must be >= 0 (0: off)", lambda v, a: v >= 0),
-    ("num_envs", "num_eval_envs"): ("must be in [1, 4096]", lambda v, a: 1 <= v <= 4096),
-    ("num_steps",): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
+    ("distribution_mode",): (
+        "is not built for this game",
+        lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split(),
+    ),
+    ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
+    ("num_envs", "num_eval_envs", "num_steps", "feature_dim"): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
     ("total_timesteps",): (
         "must hold one phase of num_envs x num_steps x n_iteration",
         lambda v, a: v >= a.num_envs * a.num_steps * a.n_iteration,
     ),
-    ("learning_rate", "adam_eps"): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
+    ("learning_rate",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
     ("gamma",): ("must be in (0, 1]", lambda v, a: 0 < v <= 1),
     ("gae_lambda",): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
-    ("num_minibatches",): (
-        "must divide num_envs x num_steps",
-        lambda v, a: v > 0 and a.num_envs * a.num_steps % v == 0,
-    ),
+    ("num_minibatches",): ("must divide num_envs x num_steps", lambda v, a: 0 < v and not a.num_envs * a.num_steps % v),
     ("clip_coef", "max_grad_norm", "clip_reward", "n_iteration"): ("must be positive", lambda v, a: v > 0),
     ("e_policy", "v_value", "e_auxiliary", "num_aux_rollouts", "n_aux_grad_accum"): (
         "must be positive",
@@ -183,7 +163,6 @@ RULES = {
     ("beta_clone",): ("must be >= 0", lambda v, a: v >= 0),
     ("ent_coef", "vf_coef"): ("must be >= 0", lambda v, a: v >= 0),
     ("clip_range_vf", "target_kl"): ("must be positive, or None: off", lambda v, a: v is None or v > 0),
-    ("feature_dim",): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
     ("track",): ("needs wandb: pip install wandb", lambda v, a: not v or importlib.util.find_spec("wandb")),
     ("capture_video",): ("records the test env: needs --eval-interval > 0", lambda v, a: not v or a.eval_interval > 0),
 }
@@ -200,10 +179,14 @@ def check_args(args: Args) -> None:
     for flags, (rule, ok) in RULES.items():
         for flag in flags:
             value = getattr(args, flag)
-            if isinstance(value, float) and not math.isfinite(value):
-                arg_error(flag, "must be a finite number", value)
-            if not ok(value, args):
-                arg_error(flag, rule, value)
+            finite = not isinstance(value, float) or np.isfinite(value)
+            if not (finite and ok(value, args)):
+                arg_error(flag, rule if finite else "must be a finite number", value)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    try:  # the device must work on this machine and in this torch build
+        args.device = str(torch.zeros(0, device=auto if args.device == "auto" else args.device).device)
+    except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
+        arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", args.device)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_phases = args.total_timesteps // (args.batch_size * args.n_iteration)
@@ -213,31 +196,9 @@ def check_args(args: Args) -> None:
                   "rollouts of a phase", args.num_aux_rollouts)  # fmt: skip
 
 
-def resolve_device(name: str) -> torch.device:
-    """`auto` is CUDA when available; any other device must work on this machine and in this torch build."""
-    try:
-        return torch.zeros(
-            0, device=("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
-        ).device
-    except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
-        arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", name)
-
-
-def make_dir(path: str, flag: str) -> str:
-    """Create an output directory before any work starts, or stop with one line saying why it cannot be written."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied")
-    except OSError as exc:
-        arg_error(flag, f"cannot write {path}/: {exc.strerror or exc}")
-    return path
-
-
-# [1] Procgen as one gymnasium vector env: procgen steps all its envs in C, in its own threads.
 class ProcgenVecEnv(gym.vector.VectorEnv):
-    """Procgen (gym3's env, or procgen-gym's on Python 3.13) as a vector env. Procgen restarts a finished env in the
-    same `step` (SAME_STEP autoreset): every episode end is a termination, as in the papers."""
+    """[1] Procgen (gym3's env, or procgen-gym's on Python 3.13) as one vector env, stepped in C in procgen's threads.
+    A finished env restarts in the same `step` (SAME_STEP autoreset); every episode end is a termination."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
 
@@ -275,13 +236,14 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
             with warnings.catch_warnings():  # the imageio-ffmpeg that gym3 pins imports the deprecated pkg_resources
                 warnings.simplefilter("ignore")
                 import imageio_ffmpeg
+            os.makedirs(self.video_dir, exist_ok=True)
             path = f"{self.video_dir}/episode-{self.video_episode}.mp4"
             writer = imageio_ffmpeg.write_frames(path, (64, 64), fps=15, macro_block_size=1)
             writer.send(None)
             for f in self.frames:
                 writer.send(np.ascontiguousarray(f))
             writer.close()
-            Console(0).line(f"video: {path}")
+            print(f"video: {path}", flush=True)
         if episode_ended:
             self.video_episode, self.frames = self.video_episode + 1, []
         self.frames.append(frame)
@@ -290,29 +252,11 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
 # [18] Speed only, no result changes: glibc maps and unmaps every large activation buffer of every minibatch; one
 # heap that is never trimmed removes that system time. It must run before torch's threads first allocate.
 def tune_malloc():
-    try:  # M_MMAP_MAX 0: no fresh mmap per large block; M_TRIM_THRESHOLD: never trim; M_ARENA_MAX 1: one heap
+    with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
         libc = ctypes.CDLL("libc.so.6")
+        # M_MMAP_MAX 0: no fresh mmap per large block; M_TRIM_THRESHOLD: never trim; M_ARENA_MAX 1: one heap
         for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):
             libc.mallopt(option, value)
-    except (OSError, AttributeError):
-        pass  # not glibc (macOS, musl): nothing to tune
-
-
-class Console:
-    """What the user sees: lines, and the rate of the run."""
-
-    def __init__(self, total, step=0, enabled=True):
-        self.total, self.start_step, self.start_time, self.enabled = total, step, time.time(), enabled
-
-    def line(self, text):
-        if self.enabled:
-            print(("\r\033[K" if sys.stdout.isatty() else "") + text, flush=True)
-
-    def rate(self, step):
-        """Steps per second since the start, and the time left at that rate."""
-        sps = (step - self.start_step) / max(time.time() - self.start_time, 1e-6)
-        left = (self.total - step) / max(sps, 1e-6)
-        return sps, f"{left / 3600:.1f} h" if left > 5400 else f"{left / 60:.0f} min" if left > 90 else f"{left:.0f} s"
 
 
 # [7] Initialisation: `std` is the L2 norm of each output unit's weights (orthogonal rows have norm `gain`).
@@ -338,20 +282,18 @@ class ResidualBlock(nn.Module):
         return x + self.conv1(nn.functional.relu(self.conv0(nn.functional.relu(x))))
 
 
-def conv_sequence(in_channels, out_channels, init_fn):
-    """A conv, a max-pool that halves the size, two residual blocks: their branches add up to 1/sqrt(3) per stack,
-    so activations keep their size with depth."""
-    block_std = np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
-    conv = layer_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
-    pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-    return nn.Sequential(conv, pool, *[ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)])
-
-
 def impala_cnn(feature_dim, init_fn):
-    """64x64x3 -> 32x32x16 -> 16x16x32 -> 8x8x32 -> `feature_dim` features."""
-    convs = [conv_sequence(3, 16, init_fn), conv_sequence(16, 32, init_fn), conv_sequence(32, 32, init_fn)]
+    """64x64x3 -> 32x32x16 -> 16x16x32 -> 8x8x32 -> `feature_dim` features. Per stack a conv, a max-pool halving the
+    size and two residual blocks, whose branches add up to 1/sqrt(3) so that activations keep their size."""
+    layers, block_std = [], np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
+    for in_channels, out_channels in ((3, 16), (16, 32), (32, 32)):
+        layers += [layer_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)]
+        layers += [
+            nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+            *[ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)],
+        ]
     dense = layer_init(nn.Linear(32 * 8 * 8, feature_dim), np.sqrt(2), init_fn)
-    return nn.Sequential(*convs, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
+    return nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
 
 
 class Agent(nn.Module):
@@ -382,8 +324,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, action=None):
         x = x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
         hidden = self.network(x)
-        logits = self.actor(hidden)
-        probs = Categorical(logits=logits)
+        probs = Categorical(logits=self.actor(hidden))
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(self.value_hidden(x, hidden))
@@ -402,17 +343,12 @@ class Agent(nn.Module):
 # [10] Generalized Advantage Estimation (Schulman et al., 2016), all tensors (num_steps, num_envs). `dones[t]` is 1
 # when `obs[t]` starts a new episode; `next_value` and `next_done` bootstrap the tail.
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = 0
+    nextvalues = torch.cat([values[1:], next_value.view(1, -1)])  # the value and the done after each step
+    nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.view(1, -1)])
+    advantages, lastgaelam = torch.zeros_like(rewards), 0
     for t in reversed(range(len(rewards))):
-        if t == len(rewards) - 1:
-            nextnonterminal = 1.0 - next_done
-            nextvalues = next_value
-        else:
-            nextnonterminal = 1.0 - dones[t + 1]
-            nextvalues = values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
-        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+        delta = rewards[t] + gamma * nextvalues[t] * nextnonterminal[t] - values[t]
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal[t] * lastgaelam
     return advantages, advantages + values
 
 
@@ -491,20 +427,18 @@ def log_episodes(episodes, infos, global_step, tag):
 def train(args: Args):
     check_args(args)
     tune_malloc()
-    device = resolve_device(args.device)
+    device = torch.device(args.device)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if args.track:
         import wandb
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
                    name=run_name, monitor_gym=True, save_code=True)  # fmt: skip
-    writer = SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"))
-    args.device = str(device)  # the device used, not `auto`
+    writer = SummaryWriter(f"runs/{run_name}")
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-    console = Console(total=args.num_iterations * args.batch_size)
-    console.line(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on "
-                 f"{device}; logs in runs/{run_name} (tensorboard --logdir runs)")  # fmt: skip
+    print(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on {device}; "
+          f"logs in runs/{run_name} (tensorboard --logdir runs)", flush=True)  # fmt: skip
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -516,19 +450,18 @@ def train(args: Args):
     game = dict(env_name=args.env_id, distribution_mode=args.distribution_mode)
     envs = ProcgenVecEnv(args.num_envs, args.seed, num_levels=args.num_levels, start_level=args.start_level, **game)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    if args.norm_reward:  # [5] Reward scaling by the std of the discounted return so far (with the training
-        # discount; OpenAI's PPG code uses 0.99), then clipping
+    if args.norm_reward:  # [5] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
         envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     if args.eval_interval > 0:
-        video_dir = make_dir(f"videos/{run_name}", "capture-video") if args.capture_video else None
+        video_dir = f"videos/{run_name}" if args.capture_video else None
         test_envs = ProcgenVecEnv(args.num_eval_envs, args.seed + 1_000_003, video_dir, num_levels=0, **game)
         test_envs = gym.wrappers.vector.RecordEpisodeStatistics(test_envs)
         test_obs = torch.as_tensor(test_envs.reset()[0], device=device)
 
     agent = Agent(envs.single_action_space.n, args.feature_dim, args.init_fn, args.arch).to(device)
     # [8] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
     obs = torch.zeros((args.num_steps, envs.num_envs, 64, 64, 3), dtype=torch.uint8).to(device)
@@ -540,14 +473,14 @@ def train(args: Args):
     # [19] The phase buffer: every observation of a phase, kept as uint8 for the auxiliary phase.
     aux_obs = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration, 64, 64, 3), dtype=torch.uint8).to(device)
     aux_returns = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration)).to(device)
-    console.line(f"phase buffer: {aux_obs.nbytes / 2**30:.2f} GiB on {device}")
+    print(f"phase buffer: {aux_obs.nbytes / 2**30:.2f} GiB on {device}", flush=True)
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
-    next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs, device=device)
+    next_obs = torch.as_tensor(envs.reset(seed=args.seed)[0], device=device)
     next_done = torch.zeros(envs.num_envs).to(device)
-    recent_returns, recent_test_returns = deque(maxlen=100), deque(maxlen=100)
+    recent_returns, recent_test_returns = deque(maxlen=100), deque(maxlen=100)  # for the console
+    start_time, start_step = time.time(), global_step  # the steps per second count from here
 
     for iteration in range(1, args.num_iterations + 1):
         iteration_start, episodes = time.time(), []
@@ -561,14 +494,12 @@ def train(args: Args):
             global_step += args.num_envs
             obs[step] = next_obs
             dones[step] = next_done
-
             # ALGO LOGIC: action logic
             with torch.no_grad():
                 action, logprob, _, value = agent.get_action_and_value(next_obs)
                 values[step] = value.flatten()
             actions[step] = action
             logprobs[step] = logprob
-
             # TRY NOT TO MODIFY: execute the game and log data.
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             rewards[step] = torch.as_tensor(reward, device=device).view(-1)
@@ -588,15 +519,12 @@ def train(args: Args):
         # bootstrap value if not done
         with torch.no_grad():
             next_value = agent.get_value(next_obs).reshape(1, -1)
-            advantages, returns = compute_gae(
-                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
-            )
+        advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
         # [19] Keep the rollout for the auxiliary phase, in the slot of this iteration of the phase.
         slot = (iteration - 1) % args.n_iteration
         aux_obs[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = obs
         aux_returns[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = returns
-
         # flatten the batch
         b_obs = obs.reshape((-1, 64, 64, 3))
         b_logprobs = logprobs.reshape(-1)
@@ -616,13 +544,11 @@ def train(args: Args):
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()
-
                 with torch.no_grad():
                     # calculate approx_kl http://joschu.net/blog/kl-approx.html
                     old_approx_kl = (-logratio).mean()
                     approx_kl = ((ratio - 1) - logratio).mean()
                     clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean()]
-
                 pg_loss = clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef).mean()
                 v_loss = clipped_value_loss(
                     newvalue.view(-1), b_values[mb_inds], b_returns[mb_inds], args.clip_range_vf
@@ -637,7 +563,6 @@ def train(args: Args):
                     loss = loss + pg_loss - args.ent_coef * entropy_loss
                 if epoch < args.v_value:
                     loss = loss + v_loss * args.vf_coef
-
                 optimizer.zero_grad()
                 loss.backward()
                 # [16] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
@@ -666,13 +591,12 @@ def train(args: Args):
             writer.add_scalar(f"charts/{tag}episodic_return", r, step)
             writer.add_scalar(f"charts/{tag}episodic_length", l, step)
             (recent_test_returns if tag else recent_returns).append(r)
-        sps, left = console.rate(global_step)
+        sps = (global_step - start_step) / (time.time() - start_time)
         writer.add_scalar("charts/SPS", int(sps), global_step)
-        console.line(
-            f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  "
-            f"({time.time() - iteration_start:.1f}s/iter, {left} left)  "
-            f"return {np.mean(recent_returns or [np.nan]):.2f}  test {np.mean(recent_test_returns or [np.nan]):.2f}"
-        )
+        took, left = time.time() - iteration_start, (args.num_iterations * args.batch_size - global_step) / sps / 60
+        means = [np.mean(r or [np.nan]) for r in (recent_returns, recent_test_returns)]
+        print(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
+              f"{left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}", flush=True)  # fmt: skip
 
         # [23] The auxiliary phase closes each phase of n_iteration policy iterations.
         if iteration % args.n_iteration == 0:
@@ -680,15 +604,13 @@ def train(args: Args):
             aux_stats = auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args)
             for key, value in aux_stats.items():
                 writer.add_scalar(f"losses/aux/{key}", value, global_step)
-            console.line(
-                f"phase {iteration // args.n_iteration}/{args.num_phases}  aux {time.time() - aux_start:.1f}s  "
-                + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items())
-            )
+            print(f"phase {iteration // args.n_iteration}/{args.num_phases}  aux {time.time() - aux_start:.1f}s  "
+                  + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items()), flush=True)  # fmt: skip
 
     if args.save_model:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         torch.save(agent.state_dict(), model_path)
-        console.line(f"model saved to {model_path}")
+        print(f"model saved to {model_path}", flush=True)
     envs.close()
     if args.eval_interval > 0:
         test_envs.close()

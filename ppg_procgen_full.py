@@ -1,28 +1,27 @@
 # PPG: https://arxiv.org/abs/2009.04416 -- built on PPO: https://arxiv.org/abs/1707.06347
-"""PPG on Procgen: PPO plus the auxiliary phase. The defaults are the Procgen paper's easy generalisation setup
-(starpilot, 200 training levels, 25M steps, 64 envs x 256 steps, 8 minibatches) with the PPG paper's phases (32
-policy iterations, then 6 auxiliary epochs; separate policy and value networks). ppg_procgen.py is the lean
-reference; ppg_procgen_full.py is the same file plus checkpoints, torchrun, RND, V-trace and more.
-    python ppg_procgen.py --total-timesteps 8192 --n-iteration 4 --num-envs 16 --num-steps 64 --e-auxiliary 1  # 1 min
-"""
+"""PPG on Procgen, PPO plus the auxiliary phase: the Procgen paper's easy generalisation setup (starpilot, 200 training
+levels, 25M steps, 64 envs x 256 steps, 8 minibatches) with the PPG paper's phases (32 policy iterations, then 6
+auxiliary epochs; separate policy and value networks). ppg_procgen.py is the lean reference; ppg_procgen_full.py is
+the same file plus checkpoints, torchrun, RND, V-trace and more. A quick look on a CPU (1 min):
+python ppg_procgen.py --total-timesteps 8192 --n-iteration 4 --num-envs 16 --num-steps 64 --e-auxiliary 1"""
 
 import contextlib
 import copy
 import ctypes
-import functools
+import dataclasses
 import glob
 import importlib.util
 import io
-import math
 import os
 import random
 import signal
 import sys
 import time
+import typing
 import warnings
 from collections import deque
-from dataclasses import asdict, dataclass
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 # ── one-line errors: an unsupported Python, a missing package ──
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -61,16 +60,10 @@ with contextlib.redirect_stderr(io.StringIO()):  # the old `gym` that procgen im
         from procgen_gym import ProcgenVecEnv as Procgen  # procgen-gym (3.13): the same C++ games
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
-# the games, and the distribution modes beyond easy and hard that procgen builds only for some of them
-PROCGEN_GAMES = (
-    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
-    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
-)  # fmt: skip
-MODE_GAMES = {
-    "extreme": ("chaser", "dodgeball", "leaper", "starpilot"),
-    "memory": ("caveflyer", "dodgeball", "heist", "jumper", "maze", "miner"),
-    "exploration": ("caveflyer", "climber", "coinrun", "heist", "jumper", "leaper", "maze", "ninja"),
-}
+PROCGEN_GAMES = ("bigfish bossfight caveflyer chaser climber coinrun dodgeball fruitbot heist jumper leaper maze miner "
+                 "ninja plunder starpilot").split()  # fmt: skip
+MODE_GAMES = {"extreme": "chaser dodgeball leaper starpilot", "memory": "caveflyer dodgeball heist jumper maze miner",
+              "exploration": "caveflyer climber coinrun heist jumper leaper maze ninja"}  # fmt: skip
 # ── checkpoints: the flags a checkpoint must share with a run that loads it (the network, and the rollout) ──
 NETWORK_FLAGS = ("feature_dim", "hidden_dim", "arch")
 ROLLOUT_FLAGS = ("env_id", "distribution_mode", "num_levels", "start_level", "num_envs", "num_steps", "num_eval_envs",
@@ -88,7 +81,6 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:N` or `mps`"""
-
     # Environment
     env_id: str = "starpilot"
     """the Procgen game"""
@@ -104,14 +96,13 @@ class Args:
     """the number of parallel test envs"""
     env_threads: int = 4
     """the number of procgen's own worker threads per vector env"""
-
     # Algorithm
     total_timesteps: int = 25_000_000
     """total timesteps of the experiment"""
     learning_rate: float = 5e-4
     """the learning rate of the optimizer"""
     adam_eps: float = 1e-5
-    """the epsilon of Adam"""
+    """the epsilon of Adam (rllte: `eps`; OpenAI's PPG code: 1e-8)"""
     num_envs: int = 64
     """the number of parallel game environments"""
     num_steps: int = 256
@@ -150,7 +141,6 @@ class Args:
     """the size of a hidden layer in each head; 0 = linear heads, as in the papers"""
     init_fn: Literal["orthogonal", "xavier_uniform", "xavier_normal", "normed"] = "normed"
     """the weight initialisation: orthogonal (CleanRL), normed (the PPG paper), xavier_* (rllte)"""
-
     # PPG
     arch: Literal["dual", "shared", "detach"] = "dual"
     """dual: separate policy and value networks (the paper's default); shared: one network, the value
@@ -170,7 +160,6 @@ class Args:
     """the whole env rollouts in one auxiliary minibatch"""
     n_aux_grad_accum: int = 1
     """the auxiliary minibatches whose gradients add up to one optimizer step"""
-
     # Logging and saving
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
@@ -182,7 +171,6 @@ class Args:
     """if toggled, write videos of test env 0 (episodes 0, 1, 8, 27, ...) to `videos/{run_name}`"""
     save_model: bool = False
     """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
-
     # Checkpoints and evaluation
     checkpoint_interval: int = 0
     """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on SIGINT/SIGTERM)"""
@@ -196,7 +184,6 @@ class Args:
     """the number of episodes `--eval-only` plays"""
     eval_train_levels: bool = False
     """make `--eval-only` play the training levels instead of the held-out test levels"""
-
     # Options beyond the anchors
     vtrace: bool = False
     """recompute the advantages by V-trace before every epoch after the first, from the current policy's ratios"""
@@ -214,45 +201,43 @@ class Args:
     """reward-free pretraining: the extrinsic reward is dropped and the intrinsic reward alone drives learning"""
     rnd_update_proportion: float = 0.25
     """the share of each minibatch that trains the RND predictor"""
-    init_model: Annotated[str | None, tyro.conf.arg(aliases=("--init-model-path",))] = None
+    init_model: str | None = None
     """start from the weights of a checkpoint or saved model (after --pretraining, say), with a fresh optimizer"""
     autocast: Literal["off", "bf16"] = "off"
     """run the network in bfloat16 autocast (losses, ratios and the optimizer stay in fp32)"""
     tune_malloc: bool = True
     """keep glibc's freed memory for reuse instead of unmapping it (about 1.7x faster updates on CPU)"""
-
     # Distributed (under torchrun)
     backend: str | None = None
     """the torch.distributed backend under torchrun: gloo on CPU, nccl on CUDA when None"""
 
 
 # ── rllte's names for CleanRL's flags, as aliases: `--lr 1e-3` is `--learning-rate 1e-3` ──
-RLLTE_ALIASES = {"exp_name": "--tag", "learning_rate": "--lr", "adam_eps": "--eps", "gamma": "--discount",
-                 "minibatch_size": "--batch-size", "clip_coef": "--clip-range", "n_iteration": "--policy-epochs",
-    "e_auxiliary": "--aux-epochs", "beta_clone": "--kl-coef", "num_aux_rollouts": "--num-aux-mini-batch",
-    "n_aux_grad_accum": "--num-aux-grad-accum"}  # fmt: skip
+RLLTE_ALIASES = {
+    "exp_name": "--tag", "init_model": "--init-model-path", "learning_rate": "--lr", "adam_eps": "--eps",
+    "gamma": "--discount", "minibatch_size": "--batch-size", "clip_coef": "--clip-range",
+    "n_iteration": "--policy-epochs", "e_auxiliary": "--aux-epochs", "beta_clone": "--kl-coef",
+    "num_aux_rollouts": "--num-aux-mini-batch", "n_aux_grad_accum": "--num-aux-grad-accum",
+}  # fmt: skip
 for _name, _alias in RLLTE_ALIASES.items():
-    Args.__dataclass_fields__[_name].type = Args.__annotations__[_name] = Annotated[
+    Args.__dataclass_fields__[_name].type = Args.__annotations__[_name] = typing.Annotated[
         Args.__annotations__[_name], tyro.conf.arg(aliases=(_alias,))
     ]
 # ── end rllte aliases ──
 
 
-# Every flag's rule, checked before any work starts: flags -> (rule, is the value `v` allowed, with all flags `a`).
-# Bool and Literal flags have their type as their rule; non-finite floats are refused everywhere.
+# The rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal's type is its rule
 RULES = {
-    ("exp_name", "wandb_project_name", "wandb_entity"): (
-        "must be a name without /",
-        lambda v, a: v is None or v.strip() and "/" not in v,
-    ),  # fmt: skip
+    ("exp_name", "wandb_project_name", "wandb_entity"): ("must not contain /", lambda v, a: "/" not in (v or "")),
     ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
-    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: v.strip() != ""),  # then resolve_device
+    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: v.strip() != ""),  # then check_args tries it
     ("env_id",): (f"must be a Procgen game: {', '.join(PROCGEN_GAMES)}", lambda v, a: v in PROCGEN_GAMES),
-    ("distribution_mode",): ("is not built for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, PROCGEN_GAMES)),
-    ("num_levels", "start_level"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
-    ("eval_interval",): ("must be >= 0 (0: off)", lambda v, a: v >= 0),
-    ("num_envs", "num_eval_envs"): ("must be in [1, 4096]", lambda v, a: 1 <= v <= 4096),
-    ("num_steps",): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
+    ("distribution_mode",): (
+        "is not built for this game",
+        lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split(),
+    ),
+    ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
+    ("num_envs", "num_eval_envs", "num_steps", "feature_dim"): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
     ("env_threads",): ("must be in [0, 256]", lambda v, a: 0 <= v <= 256),
     ("minibatch_size",): (
         "must divide num_envs x num_steps, or None",
@@ -271,13 +256,11 @@ RULES = {
         "must hold one phase of num_envs x num_steps x n_iteration",
         lambda v, a: v >= a.num_envs * a.num_steps * a.n_iteration,
     ),
-    ("learning_rate", "adam_eps"): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
+    ("learning_rate",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
+    ("adam_eps",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
     ("gamma",): ("must be in (0, 1]", lambda v, a: 0 < v <= 1),
     ("gae_lambda",): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
-    ("num_minibatches",): (
-        "must divide num_envs x num_steps",
-        lambda v, a: v > 0 and a.num_envs * a.num_steps % v == 0,
-    ),
+    ("num_minibatches",): ("must divide num_envs x num_steps", lambda v, a: 0 < v and not a.num_envs * a.num_steps % v),
     ("clip_coef", "max_grad_norm", "clip_reward", "n_iteration"): ("must be positive", lambda v, a: v > 0),
     ("e_policy", "v_value", "e_auxiliary", "num_aux_rollouts", "n_aux_grad_accum"): (
         "must be positive",
@@ -286,7 +269,6 @@ RULES = {
     ("beta_clone",): ("must be >= 0", lambda v, a: v >= 0),
     ("ent_coef", "vf_coef"): ("must be >= 0", lambda v, a: v >= 0),
     ("clip_range_vf", "target_kl"): ("must be positive, or None: off", lambda v, a: v is None or v > 0),
-    ("feature_dim",): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
     ("track",): ("needs wandb: pip install wandb", lambda v, a: not v or importlib.util.find_spec("wandb")),
     ("capture_video",): ("records the test env: needs --eval-interval > 0", lambda v, a: not v or a.eval_interval > 0),
 }
@@ -305,10 +287,14 @@ def check_args(args: Args) -> None:
     for flags, (rule, ok) in RULES.items():
         for flag in flags:
             value = getattr(args, flag)
-            if isinstance(value, float) and not math.isfinite(value):
-                arg_error(flag, "must be a finite number", value)
-            if not ok(value, args):
-                arg_error(flag, rule, value)
+            finite = not isinstance(value, float) or np.isfinite(value)
+            if not (finite and ok(value, args)):
+                arg_error(flag, rule if finite else "must be a finite number", value)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    try:  # the device must work on this machine and in this torch build
+        args.device = str(torch.zeros(0, device=auto if args.device == "auto" else args.device).device)
+    except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
+        arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", args.device)
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_phases = args.total_timesteps // (args.batch_size * args.n_iteration)
@@ -357,20 +343,10 @@ def available_memory(device: str) -> int:
         with open("/proc/meminfo") as meminfo:
             return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, RuntimeError, AssertionError, ValueError):
-        return 2**62  # cannot tell (macOS, or a device that resolve_device will refuse): do not refuse here
+        return 2**62  # cannot tell (macOS, or a device that check_args will refuse): do not refuse here
 
 
 # ── end phase buffer check ──
-
-
-def resolve_device(name: str) -> torch.device:
-    """`auto` is CUDA when available; any other device must work on this machine and in this torch build."""
-    try:
-        return torch.zeros(
-            0, device=("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
-        ).device
-    except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
-        arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", name)
 
 
 def make_dir(path: str, flag: str) -> str:
@@ -384,10 +360,9 @@ def make_dir(path: str, flag: str) -> str:
     return path
 
 
-# [1] Procgen as one gymnasium vector env: procgen steps all its envs in C, in its own threads.
 class ProcgenVecEnv(gym.vector.VectorEnv):
-    """Procgen (gym3's env, or procgen-gym's on Python 3.13) as a vector env. Procgen restarts a finished env in the
-    same `step` (SAME_STEP autoreset): every episode end is a termination, as in the papers."""
+    """[1] Procgen (gym3's env, or procgen-gym's on Python 3.13) as one vector env, stepped in C in procgen's threads.
+    A finished env restarts in the same `step` (SAME_STEP autoreset); every episode end is a termination."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
 
@@ -425,13 +400,14 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
             with warnings.catch_warnings():  # the imageio-ffmpeg that gym3 pins imports the deprecated pkg_resources
                 warnings.simplefilter("ignore")
                 import imageio_ffmpeg
+            os.makedirs(self.video_dir, exist_ok=True)
             path = f"{self.video_dir}/episode-{self.video_episode}.mp4"
             writer = imageio_ffmpeg.write_frames(path, (64, 64), fps=15, macro_block_size=1)
             writer.send(None)
             for f in self.frames:
                 writer.send(np.ascontiguousarray(f))
             writer.close()
-            Console(0).line(f"video: {path}")
+            print(f"video: {path}", flush=True)
         if episode_ended:
             self.video_episode, self.frames = self.video_episode + 1, []
         self.frames.append(frame)
@@ -440,39 +416,44 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
 # [18] Speed only, no result changes: glibc maps and unmaps every large activation buffer of every minibatch; one
 # heap that is never trimmed removes that system time. It must run before torch's threads first allocate.
 def tune_malloc():
-    try:  # M_MMAP_MAX 0: no fresh mmap per large block; M_TRIM_THRESHOLD: never trim; M_ARENA_MAX 1: one heap
+    with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
         libc = ctypes.CDLL("libc.so.6")
+        # M_MMAP_MAX 0: no fresh mmap per large block; M_TRIM_THRESHOLD: never trim; M_ARENA_MAX 1: one heap
         for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):
             libc.mallopt(option, value)
-    except (OSError, AttributeError):
-        pass  # not glibc (macOS, musl): nothing to tune
 
 
-class Console:
-    """What the user sees: lines, and the rate of the run."""
+# ── the status line: on a terminal, one line rewritten in place with the progress, the SPS and the time left ──
+class StatusLine:
+    """Standard output on a terminal, with a status line at the bottom that every printed line first clears."""
 
-    def __init__(self, total, step=0, enabled=True):
-        self.total, self.start_step, self.start_time, self.enabled = total, step, time.time(), enabled
-        self.shown = 0.0  # ── the status line ──
+    def __init__(self, stream):
+        self.stream, self.shown, self.drawn = stream, False, 0.0
 
-    def line(self, text):
-        if self.enabled:
-            print(("\r\033[K" if sys.stdout.isatty() else "") + text, flush=True)
+    def write(self, text):
+        if self.shown and text:
+            self.stream.write("\r\033[K")
+            self.shown = False
+        return self.stream.write(text)
 
-    def rate(self, step):
-        """Steps per second since the start, and the time left at that rate."""
-        sps = (step - self.start_step) / max(time.time() - self.start_time, 1e-6)
-        left = (self.total - step) / max(sps, 1e-6)
-        return sps, f"{left / 3600:.1f} h" if left > 5400 else f"{left / 60:.0f} min" if left > 90 else f"{left:.0f} s"
+    def show(self, text):
+        """Draw `text` as the status line, at most 4 times a second so that the rollout does not wait on it."""
+        if time.time() - self.drawn > 0.25:
+            self.stream.write(f"\r\033[K{text}")
+            self.stream.flush()
+            self.shown, self.drawn = True, time.time()
 
-    def progress(self, text, step):
-        """A status line that a terminal rewrites in place, at most 4 times a second (not in a log file)."""
-        if self.enabled and sys.stdout.isatty() and time.time() - self.shown > 0.25:
-            sps, left = self.rate(step)
-            print(f"\r\033[K{text}  step {step}/{self.total}  SPS {sps:.0f}  {left} left", end="", flush=True)
-            self.shown = time.time()
+    def restore(self):
+        """Clear the status line; the terminal's own stream, to put back as sys.stdout."""
+        if self.shown:
+            self.stream.write("\r\033[K")
+        return self.stream
 
-    # ── end status line ──
+    def __getattr__(self, name):  # flush, isatty, fileno, ...: the terminal's
+        return getattr(self.stream, name)
+
+
+# ── end status line ──
 
 
 # [7] Initialisation: `std` is the L2 norm of each output unit's weights (orthogonal rows have norm `gain`).
@@ -502,20 +483,18 @@ class ResidualBlock(nn.Module):
         return x + self.conv1(nn.functional.relu(self.conv0(nn.functional.relu(x))))
 
 
-def conv_sequence(in_channels, out_channels, init_fn):
-    """A conv, a max-pool that halves the size, two residual blocks: their branches add up to 1/sqrt(3) per stack,
-    so activations keep their size with depth."""
-    block_std = np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
-    conv = layer_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
-    pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-    return nn.Sequential(conv, pool, *[ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)])
-
-
 def impala_cnn(feature_dim, init_fn):
-    """64x64x3 -> 32x32x16 -> 16x16x32 -> 8x8x32 -> `feature_dim` features."""
-    convs = [conv_sequence(3, 16, init_fn), conv_sequence(16, 32, init_fn), conv_sequence(32, 32, init_fn)]
+    """64x64x3 -> 32x32x16 -> 16x16x32 -> 8x8x32 -> `feature_dim` features. Per stack a conv, a max-pool halving the
+    size and two residual blocks, whose branches add up to 1/sqrt(3) so that activations keep their size."""
+    layers, block_std = [], np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
+    for in_channels, out_channels in ((3, 16), (16, 32), (32, 32)):
+        layers += [layer_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)]
+        layers += [
+            nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+            *[ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)],
+        ]
     dense = layer_init(nn.Linear(32 * 8 * 8, feature_dim), np.sqrt(2), init_fn)
-    return nn.Sequential(*convs, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
+    return nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
 
 
 # ── rllte's hidden layer in the heads ──
@@ -635,8 +614,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, action=None):
         x = x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
         hidden = self.network(x)
-        logits = self.actor(hidden)
-        probs = Categorical(logits=logits)
+        probs = Categorical(logits=self.actor(hidden))
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(self.value_hidden(x, hidden))
@@ -660,17 +638,12 @@ class Agent(nn.Module):
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda, ratio=None, rho_clip=1.0, c_clip=1.0):
     rho = torch.ones_like(rewards) if ratio is None else ratio.clamp(max=rho_clip)
     c = torch.ones_like(rewards) if ratio is None else ratio.clamp(max=c_clip)
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = 0
+    nextvalues = torch.cat([values[1:], next_value.view(1, -1)])  # the value and the done after each step
+    nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.view(1, -1)])
+    advantages, lastgaelam = torch.zeros_like(rewards), 0
     for t in reversed(range(len(rewards))):
-        if t == len(rewards) - 1:
-            nextnonterminal = 1.0 - next_done
-            nextvalues = next_value
-        else:
-            nextnonterminal = 1.0 - dones[t + 1]
-            nextvalues = values[t + 1]
-        delta = rho[t] * (rewards[t] + gamma * nextvalues * nextnonterminal - values[t])
-        advantages[t] = lastgaelam = delta + gamma * gae_lambda * c[t] * nextnonterminal * lastgaelam
+        delta = rho[t] * (rewards[t] + gamma * nextvalues[t] * nextnonterminal[t] - values[t])
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * c[t] * nextnonterminal[t] * lastgaelam
     return advantages, advantages + values
 
 
@@ -1034,7 +1007,7 @@ def evaluate_saved(args: Args):
         check_checkpoint(path, ckpt, args, NETWORK_FLAGS, "eval-only")
     agent = Agent(15, args.feature_dim, args.init_fn, args.arch, args.hidden_dim)
     load_weights(agent, path, "eval-only")
-    device = resolve_device(args.device)
+    device = torch.device(args.device)
     agent = agent.to(device)
     levels = (args.num_levels, args.start_level) if args.eval_train_levels else (0, 0)
     video_dir = None
@@ -1061,7 +1034,10 @@ def evaluate_saved(args: Args):
 
 
 def train(args: Args):
-    given = asdict(args)  # the flags as given: checkpoints keep them, `--resume` makes them the defaults
+    given = dataclasses.asdict(args)  # the flags as given: checkpoints keep them, `--resume` makes them the defaults
+    # ── torchrun [30]: a process's `cuda` is the GPU of its local rank, from the device check on ──
+    if "LOCAL_RANK" in os.environ and torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     check_args(args)
     if args.tune_malloc:
         tune_malloc()
@@ -1070,13 +1046,12 @@ def train(args: Args):
     # ── evaluation [27] ──
     if args.eval_only is not None:
         return evaluate_saved(args)
-    device = resolve_device(args.device)
+    device = torch.device(args.device)
     # ── torchrun [30] ──
     if args.world_size > 1:
-        if device.type == "cuda":
-            device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}")  # each process takes its local GPU
-            torch.cuda.set_device(device)
         init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
+        if args.rank > 0:  # one process speaks for all
+            sys.stdout = open(os.devnull, "w")
     # under torchrun every process, and every restart of the job, agrees on the run's name
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{os.environ.get('TORCHELASTIC_RUN_ID', int(time.time()))}"
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and glob.glob(f"runs/{run_name}/checkpoints/iter_*"):
@@ -1112,12 +1087,10 @@ def train(args: Args):
         if args.rank == 0
         else NullWriter()
     )
-    args.device = str(device)  # the device used, not `auto`
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-    console = Console(total=args.num_iterations * args.batch_size, enabled=args.rank == 0)
-    console.line(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on "
-                 f"{device}; logs in runs/{run_name} (tensorboard --logdir runs)")  # fmt: skip
+    print(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on {device}; "
+          f"logs in runs/{run_name} (tensorboard --logdir runs)", flush=True)  # fmt: skip
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -1132,8 +1105,7 @@ def train(args: Args):
         args.local_num_envs, env_seed, num_levels=args.num_levels, start_level=args.start_level, **game
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    if args.norm_reward:  # [5] Reward scaling by the std of the discounted return so far (with the training
-        # discount; OpenAI's PPG code uses 0.99), then clipping
+    if args.norm_reward:  # [5] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
         envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     if args.eval_interval > 0:
@@ -1175,14 +1147,13 @@ def train(args: Args):
     # [19] The phase buffer: every observation of a phase, kept as uint8 for the auxiliary phase.
     aux_obs = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration, 64, 64, 3), dtype=torch.uint8).to(device)
     aux_returns = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration)).to(device)
-    console.line(f"phase buffer: {aux_obs.nbytes / 2**30:.2f} GiB on {device}")
+    print(f"phase buffer: {aux_obs.nbytes / 2**30:.2f} GiB on {device}", flush=True)
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
-    next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs, device=device)
+    next_obs = torch.as_tensor(envs.reset(seed=args.seed)[0], device=device)
     next_done = torch.zeros(envs.num_envs).to(device)
-    recent_returns, recent_test_returns = deque(maxlen=100), deque(maxlen=100)
+    recent_returns, recent_test_returns = deque(maxlen=100), deque(maxlen=100)  # for the console
     # ── checkpoints [25]: continue exactly: weights, optimizer, games, wrapper statistics, random states, counters ──
     start_iteration = 1
     if ckpt:
@@ -1198,16 +1169,27 @@ def train(args: Args):
         aux_obs[:, : mine["aux_obs"].shape[1]] = mine["aux_obs"].to(device)  # [19] the phase so far
         aux_returns[:, : mine["aux_returns"].shape[1]] = mine["aux_returns"].to(device)
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        console.line(f"resumed from {resume_path}: iteration {ckpt['iteration']}, step {global_step}")
+        print(f"resumed from {resume_path}: iteration {ckpt['iteration']}, step {global_step}", flush=True)
         recent_returns.extend(ckpt.get("recent_returns", []))  # the console's averages go on as if never stopped
         recent_test_returns.extend(ckpt.get("recent_test_returns", []))
-        console.start_step, console.start_time = global_step, time.time()  # the steps per second count from here
     stop = GracefulStop()
     # ── end checkpoints ──
+    start_time, start_step = time.time(), global_step  # the steps per second count from here
+    # ── the status line: drawn by `progress`, on rank 0's terminal only ──
+    if sys.stdout.isatty() and args.rank == 0 and not isinstance(sys.stdout, StatusLine):
+        sys.stdout = StatusLine(sys.stdout)
+
+    def progress(text):
+        if isinstance(sys.stdout, StatusLine):
+            total, sps = args.num_iterations * args.batch_size, (global_step - start_step) / (time.time() - start_time)
+            minutes_left = (total - global_step) / max(sps, 1e-6) / 60
+            sys.stdout.show(f"{text}  step {global_step}/{total}  SPS {sps:.0f}  {minutes_left:.1f} min left")
+
+    # ── end status line ──
 
     for iteration in range(start_iteration, args.num_iterations + 1):
         iteration_start, episodes = time.time(), []
-        where = f"iter {iteration}/{args.num_iterations}"  # the console's status line
+        where = f"iter {iteration}/{args.num_iterations}"  # the status line
         last_good = {"iteration": iteration - 1, "model": copy.deepcopy(agent.state_dict()),
                      "optimizer": copy.deepcopy(optimizer.state_dict())}  # fmt: skip  # [26] divergence guard
         # [9] Learning-rate annealing over the whole run, when on.
@@ -1221,7 +1203,6 @@ def train(args: Args):
             global_step += args.num_envs
             obs[step] = next_obs
             dones[step] = next_done
-
             # ALGO LOGIC: action logic
             tick = time.perf_counter()  # [32]
             with torch.no_grad():
@@ -1231,7 +1212,6 @@ def train(args: Args):
             logprobs[step] = logprob
             action = action.cpu().numpy()
             inference_time += time.perf_counter() - tick  # [32]
-
             # TRY NOT TO MODIFY: execute the game and log data.
             tick = time.perf_counter()  # [32]
             next_obs, reward, terminations, truncations, infos = envs.step(action)
@@ -1240,7 +1220,7 @@ def train(args: Args):
             next_obs = to_device("obs", next_obs)
             next_done = to_device("done", np.logical_or(terminations, truncations), torch.float32)
             log_episodes(episodes, infos, global_step, "")
-            console.progress(f"{where}  rollout {step + 1}/{args.num_steps}", global_step)
+            progress(f"{where}  rollout {step + 1}/{args.num_steps}")
 
         # [3] Held-out evaluation: the same stochastic policy on levels it never trains on.
         eval_start = time.perf_counter()  # [32]
@@ -1262,15 +1242,12 @@ def train(args: Args):
         # bootstrap value if not done
         with torch.no_grad():
             next_value = agent.get_value(next_obs).reshape(1, -1)
-            advantages, returns = compute_gae(
-                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
-            )
+        advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
         # [19] Keep the rollout for the auxiliary phase, in the slot of this iteration of the phase.
         slot = (iteration - 1) % args.n_iteration
         aux_obs[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = obs
         aux_returns[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = returns
-
         # flatten the batch
         b_obs = obs.reshape((-1, 64, 64, 3))
         b_logprobs = logprobs.reshape(-1)
@@ -1306,13 +1283,11 @@ def train(args: Args):
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()
-
                 with torch.no_grad():
                     # calculate approx_kl http://joschu.net/blog/kl-approx.html
                     old_approx_kl = (-logratio).mean()
                     approx_kl = ((ratio - 1) - logratio).mean()
                     clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean()]
-
                 pg_loss = weighted_mean(
                     clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef), mb_weights
                 )
@@ -1335,14 +1310,13 @@ def train(args: Args):
                     share = torch.rand(len(mb_inds), device=device) < args.rnd_update_proportion
                     rnd_loss = (agent.rnd.prediction_error(b_obs[mb_inds]) * share).sum() / share.sum().clamp(min=1)
                     loss = loss + rnd_loss
-
                 optimizer.zero_grad()
                 loss.backward()
                 all_reduce_grads(agent.parameters(), args.world_size)  # [30]
                 # [16] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
-                console.progress(f"{where}  update, epoch {epoch + 1}", global_step)
+                progress(f"{where}  update, epoch {epoch + 1}")
 
             # [17] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
             if args.target_kl is not None and rank_reduce([approx_kl.item()], args.world_size)[0] > args.target_kl:
@@ -1378,26 +1352,22 @@ def train(args: Args):
             writer.add_scalar(f"charts/{tag}episodic_return", r, step)
             writer.add_scalar(f"charts/{tag}episodic_length", l, step)
             (recent_test_returns if tag else recent_returns).append(r)
-        sps, left = console.rate(global_step)
+        sps = (global_step - start_step) / (time.time() - start_time)
         writer.add_scalar("charts/SPS", int(sps), global_step)
-        console.line(
-            f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  "
-            f"({time.time() - iteration_start:.1f}s/iter, {left} left)  "
-            f"return {np.mean(recent_returns or [np.nan]):.2f}  test {np.mean(recent_test_returns or [np.nan]):.2f}"
-        )
+        took, left = time.time() - iteration_start, (args.num_iterations * args.batch_size - global_step) / sps / 60
+        means = [np.mean(r or [np.nan]) for r in (recent_returns, recent_test_returns)]
+        print(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
+              f"{left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}", flush=True)  # fmt: skip
 
         # [23] The auxiliary phase closes each phase of n_iteration policy iterations.
         if iteration % args.n_iteration == 0:
             aux_start = time.time()
-            show = functools.partial(console.progress, step=global_step)  # the status line
-            aux_stats = auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args, show)
+            aux_stats = auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args, progress)  # the status line
             writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # [32]
             for key, value in aux_stats.items():
                 writer.add_scalar(f"losses/aux/{key}", value, global_step)
-            console.line(
-                f"phase {iteration // args.n_iteration}/{args.num_phases}  aux {time.time() - aux_start:.1f}s  "
-                + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items())
-            )
+            print(f"phase {iteration // args.n_iteration}/{args.num_phases}  aux {time.time() - aux_start:.1f}s  "
+                  + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items()), flush=True)  # fmt: skip
 
         # ── divergence guard [26]: a non-finite loss or parameter stops the run before it reaches a checkpoint ──
         watched = {"losses/policy_loss": pg_loss, "losses/value_loss": v_loss, "losses/entropy": entropy_loss}
@@ -1435,7 +1405,7 @@ def train(args: Args):
                     "recent_test_returns": list(recent_test_returns),
                 }  # fmt: skip
                 save_checkpoint(f"runs/{run_name}", f"iter_{iteration:08d}.pt", state, args.keep_checkpoints)
-                console.line(f"checkpoint: {ckpt_path}")
+                print(f"checkpoint: {ckpt_path}", flush=True)
         if signum:
             if args.rank == 0:
                 print(f"stopped by {signal.Signals(signum).name} after iteration {iteration}, checkpoint {ckpt_path}\n"
@@ -1457,12 +1427,14 @@ def train(args: Args):
     if args.save_model and args.rank == 0:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         torch.save(agent.state_dict(), model_path)
-        console.line(f"model saved to {model_path}")
+        print(f"model saved to {model_path}", flush=True)
     envs.close()
     if args.eval_interval > 0:
         test_envs.close()
     writer.close()
     stop.restore()  # [25]
+    if isinstance(sys.stdout, StatusLine):  # the status line ends with the run
+        sys.stdout = sys.stdout.restore()
     return run_name
 
 

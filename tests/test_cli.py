@@ -1,5 +1,6 @@
 """Command-line behaviour of each script: bad input, determinism, the files it writes."""
 
+import io
 import os
 import platform
 import subprocess
@@ -160,3 +161,17 @@ def test_a_missing_package_is_one_line_naming_it(tmp_path, missing, named):
         f"ppo_procgen_full.py: error: {named} is not installed for Python {platform.python_version()}: "
         "pip install -r requirements.txt"
     ]
+
+
+def test_the_status_line_is_cleared_before_every_printed_line():
+    """The full files' status line: drawn at most 4 times a second, erased before any other output, and at the end."""
+    terminal = io.StringIO()
+    status = load_script("ppo_procgen_full").StatusLine(terminal)
+    status.show("iter 1/2  rollout 3/32")
+    print("iter 1/2  step 128", file=status)
+    status.show("iter 2/2  rollout 1/32")  # within 0.25 s of the last drawing: not drawn
+    assert terminal.getvalue() == "\r\033[Kiter 1/2  rollout 3/32\r\033[Kiter 1/2  step 128\n"
+    status.drawn = 0.0
+    status.show("iter 2/2  rollout 2/32")
+    assert status.restore() is terminal
+    assert terminal.getvalue().endswith("step 128\n\r\033[Kiter 2/2  rollout 2/32\r\033[K")
