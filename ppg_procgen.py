@@ -2,7 +2,7 @@
 """PPG on Procgen, PPO plus the auxiliary phase: the Procgen paper's easy generalisation setup (starpilot, 200 training
 levels, 25M steps, 64 envs x 256 steps, 8 minibatches) with the PPG paper's phases (32 policy iterations, then 6
 auxiliary epochs; separate policy and value networks). ppg_procgen.py is the lean reference; ppg_procgen_full.py is
-the same file plus checkpoints, torchrun, RND, V-trace and more. A quick look on a CPU (1 min):
+the same file plus checkpoints, torchrun, RND, V-trace and more. A quick look on a CPU (1-2 min):
 python ppg_procgen.py --total-timesteps 8192 --n-iteration 4 --num-envs 16 --num-steps 64 --e-auxiliary 1"""
 
 import contextlib

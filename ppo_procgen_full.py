@@ -1,7 +1,7 @@
 # PPO: https://arxiv.org/abs/1707.06347 -- Procgen setup of PPG: https://arxiv.org/abs/2009.04416
 """PPO on Procgen: the Procgen paper's easy generalisation setup (starpilot, 200 training levels, 25M steps, 64 envs x
 256 steps, 8 minibatches, 3 epochs), a held-out test env on all levels. ppo_procgen.py is the lean reference;
-ppo_procgen_full.py is the same file plus checkpoints, torchrun, RND, V-trace and more. A quick look on a CPU (1 min):
+ppo_procgen_full.py is the same file plus checkpoints, torchrun, RND, V-trace and more. A quick look on a CPU (1-2 min):
 python ppo_procgen.py --total-timesteps 8192 --num-envs 8 --num-steps 64"""
 
 import contextlib
