@@ -11,9 +11,9 @@ import importlib.util
 import io
 import os
 import random
+import re
 import sys
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -42,7 +42,6 @@ MODE_GAMES = {"extreme": "chaser dodgeball leaper starpilot", "memory": "cavefly
 
 @dataclass
 class Args:
-    # Experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment, part of the run name"""
     seed: int = 1
@@ -51,7 +50,6 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:N` or `mps`"""
-    # Environment
     env_id: str = "starpilot"
     """the Procgen game"""
     num_levels: int = 200
@@ -64,7 +62,6 @@ class Args:
     """step the held-out test env (all levels) for `num_steps` steps every this many iterations; 0 = off"""
     num_eval_envs: int = 16
     """the number of parallel test envs"""
-    # Algorithm
     total_timesteps: int = 25_000_000
     """total timesteps of the experiment"""
     learning_rate: float = 5e-4
@@ -122,7 +119,6 @@ class Args:
     """the whole env rollouts in one auxiliary minibatch"""
     n_aux_grad_accum: int = 1
     """the auxiliary minibatches whose gradients add up to one optimizer step"""
-    # Logging and saving
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "procgen"
@@ -135,26 +131,21 @@ class Args:
     """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
 
 
-# The rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal's type is its rule
-RULES = {
+RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal: its type
     ("exp_name", "wandb_project_name", "wandb_entity"): ("must not contain /", lambda v, a: "/" not in (v or "")),
     ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
-    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: v.strip() != ""),  # then check_args tries it
+    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v)),
     ("env_id",): (f"must be a Procgen game: {', '.join(PROCGEN_GAMES)}", lambda v, a: v in PROCGEN_GAMES),
-    ("distribution_mode",): (
-        "is not built for this game",
-        lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split(),
-    ),
+    ("distribution_mode",): ("is not made for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split()),
     ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
     ("num_envs", "num_eval_envs", "num_steps", "feature_dim"): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
     ("total_timesteps",): (
-        "must hold one phase of num_envs x num_steps x n_iteration",
+        "must hold one phase of --num-envs x --num-steps x --n-iteration",
         lambda v, a: v >= a.num_envs * a.num_steps * a.n_iteration,
     ),
     ("learning_rate",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
-    ("gamma",): ("must be in (0, 1]", lambda v, a: 0 < v <= 1),
-    ("gae_lambda",): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
-    ("num_minibatches",): ("must divide num_envs x num_steps", lambda v, a: 0 < v and not a.num_envs * a.num_steps % v),
+    ("gamma", "gae_lambda"): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
+    ("num_minibatches",): ("must divide --num-envs x --num-steps", lambda v, a: v > 0 == a.num_envs * a.num_steps % v),
     ("clip_coef", "max_grad_norm", "clip_reward", "n_iteration"): ("must be positive", lambda v, a: v > 0),
     ("e_policy", "v_value", "e_auxiliary", "num_aux_rollouts", "n_aux_grad_accum"): (
         "must be positive",
@@ -165,6 +156,14 @@ RULES = {
     ("clip_range_vf", "target_kl"): ("must be positive, or None: off", lambda v, a: v is None or v > 0),
     ("track",): ("needs wandb: pip install wandb", lambda v, a: not v or importlib.util.find_spec("wandb")),
     ("capture_video",): ("records the test env: needs --eval-interval > 0", lambda v, a: not v or a.eval_interval > 0),
+}
+WARNINGS = {  # legal, but almost always a mistake: one line says why, and the run goes on
+    ("total_timesteps",): (
+        "over 1% is not run: whole phases only",
+        lambda v, a: v % (a.batch_size * a.n_iteration) > v / 100,
+    ),
+    ("eval_interval",): ("is more than the iterations: the test env never runs", lambda v, a: v > a.num_iterations),
+    ("learning_rate",): ("is far above the 1e-4 to 1e-3 that Adam is used with", lambda v, a: v > 0.01),
 }
 
 
@@ -192,13 +191,38 @@ def check_args(args: Args) -> None:
     args.num_phases = args.total_timesteps // (args.batch_size * args.n_iteration)
     args.num_iterations = args.num_phases * args.n_iteration
     if (args.num_envs * args.n_iteration) % (args.num_aux_rollouts * args.n_aux_grad_accum):
-        arg_error("num-aux-rollouts", f"x n_aux_grad_accum must divide the {args.num_envs * args.n_iteration} "
+        arg_error("num-aux-rollouts", f"x --n-aux-grad-accum must divide the {args.num_envs * args.n_iteration} "
                   "rollouts of a phase", args.num_aux_rollouts)  # fmt: skip
+    for flags, (why, odd) in WARNINGS.items():
+        for flag in (flag for flag in flags if odd(getattr(args, flag), args)):
+            print(f"{SCRIPT}.py: warning: --{flag.replace('_', '-')} {getattr(args, flag)}: {why}", file=sys.stderr)
+
+
+def parse_args(argv=None, **tyro_kwargs) -> Args:
+    """The command line (or `argv`) as Args; a parse error of tyro's is one line too, with exit status 2."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as box:
+            return tyro.cli(Args, args=argv, **tyro_kwargs)
+    except SystemExit as exc:
+        if exc.code:  # 0 is --help; else keep the box's first paragraph below its title: "Error parsing --seed: ..."
+            paragraph = (re.split("[─-]{3,}", box.getvalue()) + ["", "see --help"])[1].replace("│", " ")
+            exc.code = print(f"{SCRIPT}.py: error:", *paragraph.strip("╮").split(), file=sys.stderr) or 2
+        raise
+
+
+def make_dir(path: str, flag: str) -> str:
+    """Create an output directory before any work starts, or stop with one line saying why it cannot be written."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        arg_error(flag, f"cannot write {path}/: {exc.strerror or exc}")
+    return path
 
 
 class ProcgenVecEnv(gym.vector.VectorEnv):
-    """[1] Procgen (gym3's env, or procgen-gym's on Python 3.13) as one vector env, stepped in C in procgen's threads.
-    A finished env restarts in the same `step` (SAME_STEP autoreset); every episode end is a termination."""
+    """[1] Procgen as one gymnasium vector env; a finished env restarts in the same `step` (SAME_STEP autoreset)."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
 
@@ -233,15 +257,12 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
     def record(self, frame, episode_ended):
         """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
         if episode_ended and round(self.video_episode ** (1 / 3)) ** 3 == self.video_episode:
-            with warnings.catch_warnings():  # the imageio-ffmpeg that gym3 pins imports the deprecated pkg_resources
-                warnings.simplefilter("ignore")
+            with contextlib.redirect_stderr(io.StringIO()):  # gym3's pinned imageio-ffmpeg warns about pkg_resources
                 import imageio_ffmpeg
-            os.makedirs(self.video_dir, exist_ok=True)
             path = f"{self.video_dir}/episode-{self.video_episode}.mp4"
             writer = imageio_ffmpeg.write_frames(path, (64, 64), fps=15, macro_block_size=1)
-            writer.send(None)
-            for f in self.frames:
-                writer.send(np.ascontiguousarray(f))
+            for f in [None, *map(np.ascontiguousarray, self.frames)]:  # None starts imageio_ffmpeg's generator
+                writer.send(f)
             writer.close()
             print(f"video: {path}", flush=True)
         if episode_ended:
@@ -249,14 +270,11 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         self.frames.append(frame)
 
 
-# [18] Speed only, no result changes: glibc maps and unmaps every large activation buffer of every minibatch; one
-# heap that is never trimmed removes that system time. It must run before torch's threads first allocate.
+# [18] Speed only: glibc maps and unmaps every large buffer of every minibatch, one heap never trimmed saves that time
 def tune_malloc():
     with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
-        libc = ctypes.CDLL("libc.so.6")
-        # M_MMAP_MAX 0: no fresh mmap per large block; M_TRIM_THRESHOLD: never trim; M_ARENA_MAX 1: one heap
-        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):
-            libc.mallopt(option, value)
+        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
+            ctypes.CDLL("libc.so.6").mallopt(option, value)
 
 
 # [7] Initialisation: `std` is the L2 norm of each output unit's weights (orthogonal rows have norm `gain`).
@@ -287,11 +305,9 @@ def impala_cnn(feature_dim, init_fn):
     size and two residual blocks, whose branches add up to 1/sqrt(3) so that activations keep their size."""
     layers, block_std = [], np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
     for in_channels, out_channels in ((3, 16), (16, 32), (32, 32)):
-        layers += [layer_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)]
-        layers += [
-            nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
-            *[ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)],
-        ]
+        conv = layer_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
+        blocks = [ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)]
+        layers += [conv, nn.MaxPool2d(kernel_size=3, stride=2, padding=1), *blocks]
     dense = layer_init(nn.Linear(32 * 8 * 8, feature_dim), np.sqrt(2), init_fn)
     return nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
 
@@ -340,8 +356,7 @@ class Agent(nn.Module):
         return Categorical(logits=self.actor(hidden)), value, self.aux_critic(hidden)
 
 
-# [10] Generalized Advantage Estimation (Schulman et al., 2016), all tensors (num_steps, num_envs). `dones[t]` is 1
-# when `obs[t]` starts a new episode; `next_value` and `next_done` bootstrap the tail.
+# [10] GAE (Schulman et al. 2016) over (num_steps, num_envs): dones[t] = 1 if obs[t] starts an episode; next_* bootstrap
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     nextvalues = torch.cat([values[1:], next_value.view(1, -1)])  # the value and the done after each step
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.view(1, -1)])
@@ -358,8 +373,7 @@ def clipped_policy_loss(logratio, advantages, clip_coef):
     return torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef))
 
 
-# [14] Value loss per sample, clipped around the rollout's values by its own range (None: plain squared error); the
-# clip and the 0.5 are PPO2's and CleanRL's (OpenAI's PPG code: vf_coef x the squared error, never clipped).
+# [14] Value loss per sample: 0.5 max(clipped, unclipped) as in PPO2 and CleanRL (OpenAI's PPG code: no clip, no 0.5)
 def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     v_loss_unclipped = (newvalue - returns) ** 2
     if clip_range_vf is None:
@@ -434,7 +448,7 @@ def train(args: Args):
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
                    name=run_name, monitor_gym=True, save_code=True)  # fmt: skip
-    writer = SummaryWriter(f"runs/{run_name}")
+    writer = SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"))
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
     print(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on {device}; "
@@ -454,7 +468,7 @@ def train(args: Args):
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
         envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     if args.eval_interval > 0:
-        video_dir = f"videos/{run_name}" if args.capture_video else None
+        video_dir = make_dir(f"videos/{run_name}", "capture-video") if args.capture_video else None
         test_envs = ProcgenVecEnv(args.num_eval_envs, args.seed + 1_000_003, video_dir, num_levels=0, **game)
         test_envs = gym.wrappers.vector.RecordEpisodeStatistics(test_envs)
         test_obs = torch.as_tensor(test_envs.reset()[0], device=device)
@@ -466,10 +480,7 @@ def train(args: Args):
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
     obs = torch.zeros((args.num_steps, envs.num_envs, 64, 64, 3), dtype=torch.uint8).to(device)
     actions = torch.zeros((args.num_steps, envs.num_envs), dtype=torch.long).to(device)
-    logprobs = torch.zeros((args.num_steps, envs.num_envs)).to(device)
-    rewards = torch.zeros((args.num_steps, envs.num_envs)).to(device)
-    dones = torch.zeros((args.num_steps, envs.num_envs)).to(device)
-    values = torch.zeros((args.num_steps, envs.num_envs)).to(device)
+    logprobs, rewards, dones, values = (torch.zeros((args.num_steps, envs.num_envs)).to(device) for _ in range(4))
     # [19] The phase buffer: every observation of a phase, kept as uint8 for the auxiliary phase.
     aux_obs = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration, 64, 64, 3), dtype=torch.uint8).to(device)
     aux_returns = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration)).to(device)
@@ -484,8 +495,7 @@ def train(args: Args):
 
     for iteration in range(1, args.num_iterations + 1):
         iteration_start, episodes = time.time(), []
-        # [9] Learning-rate annealing over the whole run, when on.
-        if args.anneal_lr:
+        if args.anneal_lr:  # [9] learning-rate annealing over the whole run
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
             optimizer.param_groups[0]["lr"] = lrnow
@@ -507,8 +517,7 @@ def train(args: Args):
             next_done = torch.as_tensor(np.logical_or(terminations, truncations), device=device, dtype=torch.float32)
             log_episodes(episodes, infos, global_step, "")
 
-        # [3] Held-out evaluation: the same stochastic policy on levels it never trains on.
-        if args.eval_interval > 0 and iteration % args.eval_interval == 0:
+        if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [3] held-out levels, the same policy
             for _ in range(args.num_steps):
                 with torch.no_grad():
                     test_action = agent.get_action_and_value(test_obs)[0]
@@ -534,8 +543,7 @@ def train(args: Args):
         # Optimizing the policy and value network
         clipfracs = []  # kept on the device, read once when logged: no sync per minibatch
         for epoch in range(max(args.e_policy, args.v_value)):
-            b_advantages = advantages.reshape(-1)
-            b_returns = returns.reshape(-1)
+            b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
             # [11] Advantage normalisation over the whole batch (OpenAI's PPG code), not per minibatch as in CleanRL.
             if args.norm_adv:
                 b_mean, b_std = b_advantages.mean(), b_advantages.std()
@@ -550,9 +558,7 @@ def train(args: Args):
                     approx_kl = ((ratio - 1) - logratio).mean()
                     clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean()]
                 pg_loss = clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef).mean()
-                v_loss = clipped_value_loss(
-                    newvalue.view(-1), b_values[mb_inds], b_returns[mb_inds], args.clip_range_vf
-                )
+                v_loss = clipped_value_loss(newvalue[:, 0], b_values[mb_inds], b_returns[mb_inds], args.clip_range_vf)
                 v_loss = v_loss.mean()
                 entropy_loss = entropy.mean()  # [15] entropy bonus, keeps exploring
                 # [24] E_pi policy epochs and E_V value epochs share their minibatch passes. An epoch past E_pi (or
@@ -582,11 +588,10 @@ def train(args: Args):
             "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
             "losses/entropy": entropy_loss.item(), "losses/old_approx_kl": old_approx_kl.item(),
             "losses/approx_kl": approx_kl.item(), "losses/clipfrac": torch.stack(clipfracs).mean().item(),
-            "losses/explained_variance": explained_var,
+            "losses/explained_variance": explained_var, "charts/learning_rate": optimizer.param_groups[0]["lr"],
         }  # fmt: skip
         for tag, value in stats.items():
             writer.add_scalar(tag, value, global_step)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for tag, step, r, l in episodes:
             writer.add_scalar(f"charts/{tag}episodic_return", r, step)
             writer.add_scalar(f"charts/{tag}episodic_length", l, step)
@@ -619,4 +624,4 @@ def train(args: Args):
 
 
 if __name__ == "__main__":
-    train(tyro.cli(Args))
+    train(parse_args())

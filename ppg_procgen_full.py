@@ -14,11 +14,11 @@ import importlib.util
 import io
 import os
 import random
+import re
 import signal
 import sys
 import time
 import typing
-import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -226,21 +226,17 @@ for _name, _alias in RLLTE_ALIASES.items():
 # ── end rllte aliases ──
 
 
-# The rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal's type is its rule
-RULES = {
+RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal: its type
     ("exp_name", "wandb_project_name", "wandb_entity"): ("must not contain /", lambda v, a: "/" not in (v or "")),
     ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
-    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: v.strip() != ""),  # then check_args tries it
+    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v)),
     ("env_id",): (f"must be a Procgen game: {', '.join(PROCGEN_GAMES)}", lambda v, a: v in PROCGEN_GAMES),
-    ("distribution_mode",): (
-        "is not built for this game",
-        lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split(),
-    ),
+    ("distribution_mode",): ("is not made for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split()),
     ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
     ("num_envs", "num_eval_envs", "num_steps", "feature_dim"): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
     ("env_threads",): ("must be in [0, 256]", lambda v, a: 0 <= v <= 256),
     ("minibatch_size",): (
-        "must divide num_envs x num_steps, or None",
+        "must divide --num-envs x --num-steps, or None",
         lambda v, a: v is None or 0 < v and a.num_envs * a.num_steps % v == 0,
     ),
     ("hidden_dim",): ("must be in [0, 65536]", lambda v, a: 0 <= v <= 2**16),
@@ -253,14 +249,13 @@ RULES = {
     ("pretraining",): ("needs an intrinsic reward: --intrinsic-coef > 0", lambda v, a: not v or a.intrinsic_coef > 0),
     ("backend",): ("must be gloo, nccl or None", lambda v, a: v in (None, "gloo", "nccl")),
     ("total_timesteps",): (
-        "must hold one phase of num_envs x num_steps x n_iteration",
+        "must hold one phase of --num-envs x --num-steps x --n-iteration",
         lambda v, a: v >= a.num_envs * a.num_steps * a.n_iteration,
     ),
     ("learning_rate",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
     ("adam_eps",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
-    ("gamma",): ("must be in (0, 1]", lambda v, a: 0 < v <= 1),
-    ("gae_lambda",): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
-    ("num_minibatches",): ("must divide num_envs x num_steps", lambda v, a: 0 < v and not a.num_envs * a.num_steps % v),
+    ("gamma", "gae_lambda"): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
+    ("num_minibatches",): ("must divide --num-envs x --num-steps", lambda v, a: v > 0 == a.num_envs * a.num_steps % v),
     ("clip_coef", "max_grad_norm", "clip_reward", "n_iteration"): ("must be positive", lambda v, a: v > 0),
     ("e_policy", "v_value", "e_auxiliary", "num_aux_rollouts", "n_aux_grad_accum"): (
         "must be positive",
@@ -271,6 +266,27 @@ RULES = {
     ("clip_range_vf", "target_kl"): ("must be positive, or None: off", lambda v, a: v is None or v > 0),
     ("track",): ("needs wandb: pip install wandb", lambda v, a: not v or importlib.util.find_spec("wandb")),
     ("capture_video",): ("records the test env: needs --eval-interval > 0", lambda v, a: not v or a.eval_interval > 0),
+}
+WARNINGS = {  # legal, but almost always a mistake: one line says why, and the run goes on
+    ("total_timesteps",): (
+        "over 1% is not run: whole phases only",
+        lambda v, a: v % (a.batch_size * a.n_iteration) > v / 100,
+    ),
+    ("eval_interval",): ("is more than the iterations: the test env never runs", lambda v, a: v > a.num_iterations),
+    ("learning_rate",): ("is far above the 1e-4 to 1e-3 that Adam is used with", lambda v, a: v > 0.01),
+    ("checkpoint_interval",): (
+        "is more than the iterations: only a signal writes a checkpoint",
+        lambda v, a: v > a.num_iterations,
+    ),
+    ("vtrace_rho_clip",): ("has no effect without --vtrace", lambda v, a: v != Args.vtrace_rho_clip and not a.vtrace),
+    ("vtrace_c_clip",): ("has no effect without --vtrace", lambda v, a: v != Args.vtrace_c_clip and not a.vtrace),
+    ("prio_beta0",): ("has no effect without --prio-alpha > 0", lambda v, a: v != Args.prio_beta0 and not a.prio_alpha),
+    ("rnd_update_proportion",): (
+        "has no effect without --intrinsic-coef > 0",
+        lambda v, a: v != Args.rnd_update_proportion and not a.intrinsic_coef,
+    ),
+    ("eval_episodes",): ("has no effect without --eval-only", lambda v, a: v != Args.eval_episodes and not a.eval_only),
+    ("eval_train_levels",): ("has no effect without --eval-only", lambda v, a: v and not a.eval_only),
 }
 
 
@@ -300,7 +316,7 @@ def check_args(args: Args) -> None:
     args.num_phases = args.total_timesteps // (args.batch_size * args.n_iteration)
     args.num_iterations = args.num_phases * args.n_iteration
     if (args.num_envs * args.n_iteration) % (args.num_aux_rollouts * args.n_aux_grad_accum):
-        arg_error("num-aux-rollouts", f"x n_aux_grad_accum must divide the {args.num_envs * args.n_iteration} "
+        arg_error("num-aux-rollouts", f"x --n-aux-grad-accum must divide the {args.num_envs * args.n_iteration} "
                   "rollouts of a phase", args.num_aux_rollouts)  # fmt: skip
     # ── feature rules that span flags ──
     if args.init_model is not None and args.resume is not None:
@@ -328,8 +344,13 @@ def check_args(args: Args) -> None:
     if needed >= available:
         arg_error("n-iteration", f"the phase buffer needs {needed:.1f} GiB but {available:.1f} GiB are available on "
                   "the device: lower --n-iteration, --num-envs or --num-steps", args.n_iteration)  # fmt: skip
+    # ── end phase buffer check ──
+    for flags, (why, odd) in WARNINGS.items():
+        for flag in (flag for flag in flags if odd(getattr(args, flag), args)):
+            print(f"{SCRIPT}.py: warning: --{flag.replace('_', '-')} {getattr(args, flag)}: {why}", file=sys.stderr)
 
 
+# ── the phase buffer check's arithmetic ──
 def phase_buffer_bytes(args: Args) -> int:
     """[19] The bytes of this process's phase buffer: observations as uint8, and the returns."""
     return args.num_steps * (args.num_envs // args.world_size) * args.n_iteration * (64 * 64 * 3 + 4)
@@ -349,6 +370,18 @@ def available_memory(device: str) -> int:
 # ── end phase buffer check ──
 
 
+def parse_args(argv=None, **tyro_kwargs) -> Args:
+    """The command line (or `argv`) as Args; a parse error of tyro's is one line too, with exit status 2."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as box:
+            return tyro.cli(Args, args=argv, **tyro_kwargs)
+    except SystemExit as exc:
+        if exc.code:  # 0 is --help; else keep the box's first paragraph below its title: "Error parsing --seed: ..."
+            paragraph = (re.split("[─-]{3,}", box.getvalue()) + ["", "see --help"])[1].replace("│", " ")
+            exc.code = print(f"{SCRIPT}.py: error:", *paragraph.strip("╮").split(), file=sys.stderr) or 2
+        raise
+
+
 def make_dir(path: str, flag: str) -> str:
     """Create an output directory before any work starts, or stop with one line saying why it cannot be written."""
     try:
@@ -361,8 +394,7 @@ def make_dir(path: str, flag: str) -> str:
 
 
 class ProcgenVecEnv(gym.vector.VectorEnv):
-    """[1] Procgen (gym3's env, or procgen-gym's on Python 3.13) as one vector env, stepped in C in procgen's threads.
-    A finished env restarts in the same `step` (SAME_STEP autoreset); every episode end is a termination."""
+    """[1] Procgen as one gymnasium vector env; a finished env restarts in the same `step` (SAME_STEP autoreset)."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
 
@@ -397,15 +429,12 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
     def record(self, frame, episode_ended):
         """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
         if episode_ended and round(self.video_episode ** (1 / 3)) ** 3 == self.video_episode:
-            with warnings.catch_warnings():  # the imageio-ffmpeg that gym3 pins imports the deprecated pkg_resources
-                warnings.simplefilter("ignore")
+            with contextlib.redirect_stderr(io.StringIO()):  # gym3's pinned imageio-ffmpeg warns about pkg_resources
                 import imageio_ffmpeg
-            os.makedirs(self.video_dir, exist_ok=True)
             path = f"{self.video_dir}/episode-{self.video_episode}.mp4"
             writer = imageio_ffmpeg.write_frames(path, (64, 64), fps=15, macro_block_size=1)
-            writer.send(None)
-            for f in self.frames:
-                writer.send(np.ascontiguousarray(f))
+            for f in [None, *map(np.ascontiguousarray, self.frames)]:  # None starts imageio_ffmpeg's generator
+                writer.send(f)
             writer.close()
             print(f"video: {path}", flush=True)
         if episode_ended:
@@ -413,14 +442,11 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         self.frames.append(frame)
 
 
-# [18] Speed only, no result changes: glibc maps and unmaps every large activation buffer of every minibatch; one
-# heap that is never trimmed removes that system time. It must run before torch's threads first allocate.
+# [18] Speed only: glibc maps and unmaps every large buffer of every minibatch, one heap never trimmed saves that time
 def tune_malloc():
     with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
-        libc = ctypes.CDLL("libc.so.6")
-        # M_MMAP_MAX 0: no fresh mmap per large block; M_TRIM_THRESHOLD: never trim; M_ARENA_MAX 1: one heap
-        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):
-            libc.mallopt(option, value)
+        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
+            ctypes.CDLL("libc.so.6").mallopt(option, value)
 
 
 # ── the status line: on a terminal, one line rewritten in place with the progress, the SPS and the time left ──
@@ -488,11 +514,9 @@ def impala_cnn(feature_dim, init_fn):
     size and two residual blocks, whose branches add up to 1/sqrt(3) so that activations keep their size."""
     layers, block_std = [], np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
     for in_channels, out_channels in ((3, 16), (16, 32), (32, 32)):
-        layers += [layer_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)]
-        layers += [
-            nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
-            *[ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)],
-        ]
+        conv = layer_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
+        blocks = [ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)]
+        layers += [conv, nn.MaxPool2d(kernel_size=3, stride=2, padding=1), *blocks]
     dense = layer_init(nn.Linear(32 * 8 * 8, feature_dim), np.sqrt(2), init_fn)
     return nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
 
@@ -630,8 +654,7 @@ class Agent(nn.Module):
         return Categorical(logits=self.actor(hidden)), value, self.aux_critic(hidden)
 
 
-# [10] Generalized Advantage Estimation (Schulman et al., 2016), all tensors (num_steps, num_envs). `dones[t]` is 1
-# when `obs[t]` starts a new episode; `next_value` and `next_done` bootstrap the tail.
+# [10] GAE (Schulman et al. 2016) over (num_steps, num_envs): dones[t] = 1 if obs[t] starts an episode; next_* bootstrap
 # ── V-trace [28]: with `ratio` (pi_new / pi_old of the actions taken), the V-trace form of Metta's PPO loss
 # (Espeholt et al., 2018): delta_t = rho_t (r_t + gamma V_t+1 (1 - d_t+1) - V_t) and A_t = delta_t + gamma lambda c_t
 # (1 - d_t+1) A_t+1, rho and c the ratio clipped at `rho_clip` and `c_clip`. Without it rho = c = 1: GAE, bit for bit ──
@@ -653,8 +676,7 @@ def clipped_policy_loss(logratio, advantages, clip_coef):
     return torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef))
 
 
-# [14] Value loss per sample, clipped around the rollout's values by its own range (None: plain squared error); the
-# clip and the 0.5 are PPO2's and CleanRL's (OpenAI's PPG code: vf_coef x the squared error, never clipped).
+# [14] Value loss per sample: 0.5 max(clipped, unclipped) as in PPO2 and CleanRL (OpenAI's PPG code: no clip, no 0.5)
 def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     v_loss_unclipped = (newvalue - returns) ** 2
     if clip_range_vf is None:
@@ -881,14 +903,23 @@ def set_rng_state(state):
 
 
 def save_checkpoint(run_dir, name, state, keep=None):
-    """Write to a temporary file, flush it to disk, then rename: a kill at any moment leaves the old files whole."""
-    os.makedirs(f"{run_dir}/checkpoints", exist_ok=True)
-    path = f"{run_dir}/checkpoints/{name}"
-    with open(path + ".tmp", "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    """Write to a temporary file, flush it to disk, then rename: a kill at any moment leaves the old files whole. A
+    write that fails (a full disk, a quota) removes its temporary file, says why in one line and returns None."""
+    path, buffer = f"{run_dir}/checkpoints/{name}", io.BytesIO()
+    torch.save(state, buffer)  # serialised first: a failed write then reports the file system's reason, not torch's
+    try:
+        os.makedirs(f"{run_dir}/checkpoints", exist_ok=True)
+        with open(path + ".tmp", "wb") as f:
+            f.write(buffer.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
+        print(f"{SCRIPT}.py: warning: {path} not written: {exc.strerror or exc}; the earlier checkpoints are kept",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return None
     for old in sorted(glob.glob(f"{run_dir}/checkpoints/iter_*.pt"))[: -keep if keep else 0]:
         os.remove(old)
     return path
@@ -1139,10 +1170,7 @@ def train(args: Args):
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
     obs = torch.zeros((args.num_steps, envs.num_envs, 64, 64, 3), dtype=torch.uint8).to(device)
     actions = torch.zeros((args.num_steps, envs.num_envs), dtype=torch.long).to(device)
-    logprobs = torch.zeros((args.num_steps, envs.num_envs)).to(device)
-    rewards = torch.zeros((args.num_steps, envs.num_envs)).to(device)
-    dones = torch.zeros((args.num_steps, envs.num_envs)).to(device)
-    values = torch.zeros((args.num_steps, envs.num_envs)).to(device)
+    logprobs, rewards, dones, values = (torch.zeros((args.num_steps, envs.num_envs)).to(device) for _ in range(4))
     to_device = ToDevice(device)  # [34] pinned copies
     # [19] The phase buffer: every observation of a phase, kept as uint8 for the auxiliary phase.
     aux_obs = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration, 64, 64, 3), dtype=torch.uint8).to(device)
@@ -1192,8 +1220,7 @@ def train(args: Args):
         where = f"iter {iteration}/{args.num_iterations}"  # the status line
         last_good = {"iteration": iteration - 1, "model": copy.deepcopy(agent.state_dict()),
                      "optimizer": copy.deepcopy(optimizer.state_dict())}  # fmt: skip  # [26] divergence guard
-        # [9] Learning-rate annealing over the whole run, when on.
-        if args.anneal_lr:
+        if args.anneal_lr:  # [9] learning-rate annealing over the whole run
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
             optimizer.param_groups[0]["lr"] = lrnow
@@ -1222,9 +1249,8 @@ def train(args: Args):
             log_episodes(episodes, infos, global_step, "")
             progress(f"{where}  rollout {step + 1}/{args.num_steps}")
 
-        # [3] Held-out evaluation: the same stochastic policy on levels it never trains on.
         eval_start = time.perf_counter()  # [32]
-        if args.eval_interval > 0 and iteration % args.eval_interval == 0:
+        if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [3] held-out levels, the same policy
             for _ in range(args.num_steps):
                 with torch.no_grad():
                     test_action = agent.get_action_and_value(test_obs)[0]
@@ -1273,8 +1299,7 @@ def train(args: Args):
                     advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma,
                                                       args.gae_lambda, ratio, *clips)  # fmt: skip
                     rho_clipfracs.append((ratio > args.vtrace_rho_clip).float().mean())
-            b_advantages = advantages.reshape(-1)
-            b_returns = returns.reshape(-1)
+            b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
             # [11] Advantage normalisation over the whole batch (OpenAI's PPG code), not per minibatch as in CleanRL.
             if args.norm_adv:
                 b_mean, b_std = global_mean_std(b_advantages, args.world_size)  # [30] over all processes' batches
@@ -1291,9 +1316,7 @@ def train(args: Args):
                 pg_loss = weighted_mean(
                     clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef), mb_weights
                 )
-                v_loss = clipped_value_loss(
-                    newvalue.view(-1), b_values[mb_inds], b_returns[mb_inds], args.clip_range_vf
-                )
+                v_loss = clipped_value_loss(newvalue[:, 0], b_values[mb_inds], b_returns[mb_inds], args.clip_range_vf)
                 v_loss = weighted_mean(v_loss, mb_weights)  # [29]
                 if mb_weights is not None:
                     mb_weight_means.append(mb_weights.mean())
@@ -1332,7 +1355,7 @@ def train(args: Args):
             "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
             "losses/entropy": entropy_loss.item(), "losses/old_approx_kl": old_approx_kl.item(),
             "losses/approx_kl": approx_kl.item(), "losses/clipfrac": torch.stack(clipfracs).mean().item(),
-            "losses/explained_variance": explained_var,
+            "losses/explained_variance": explained_var, "charts/learning_rate": optimizer.param_groups[0]["lr"],
         }  # fmt: skip
         if args.vtrace:  # [28] the share of importance ratios above the clip, over the recomputing epochs
             stats["losses/vtrace_rho_clipfrac"] = torch.stack(rho_clipfracs).mean().item() if rho_clipfracs else 0.0
@@ -1343,7 +1366,6 @@ def train(args: Args):
             writer.add_scalar("charts/prio_beta", beta, global_step)
         for tag, value in zip(stats, rank_reduce(list(stats.values()), args.world_size), strict=True):  # [30]
             writer.add_scalar(tag, value, global_step)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         parts = {"env": env_time, "inference": inference_time, "eval": eval_time, "update": update_time}  # [32]
         for part, seconds in {**parts, "iteration": time.time() - iteration_start}.items():
             writer.add_scalar(f"perf/{part}_seconds", seconds, global_step)  # rank 0's
@@ -1378,8 +1400,9 @@ def train(args: Args):
             if args.rank == 0:
                 diagnostic = {**last_good, "script": SCRIPT, "args": given, "diagnostic": True}
                 path = save_checkpoint(f"runs/{run_name}", f"diverged_iter_{iteration:08d}.pt", diagnostic)
+                where = f"are in {path}" if path else "could not be written"
                 print(f"{SCRIPT}.py: diverged at iteration {iteration}: {bad} is not finite; the weights from before "
-                      f"this iteration are in {path}; earlier checkpoints are untouched", file=sys.stderr)  # fmt: skip
+                      f"this iteration {where}; earlier checkpoints are untouched", file=sys.stderr)  # fmt: skip
             writer.close()
             stop.restore()
             raise SystemExit(3)
@@ -1404,10 +1427,16 @@ def train(args: Args):
                     "ranks": ranks, "recent_returns": list(recent_returns),
                     "recent_test_returns": list(recent_test_returns),
                 }  # fmt: skip
-                save_checkpoint(f"runs/{run_name}", f"iter_{iteration:08d}.pt", state, args.keep_checkpoints)
-                print(f"checkpoint: {ckpt_path}", flush=True)
+                if save_checkpoint(f"runs/{run_name}", f"iter_{iteration:08d}.pt", state, args.keep_checkpoints):
+                    print(f"checkpoint: {ckpt_path}", flush=True)
+                else:  # the warning said why; training goes on, and the next checkpoint tries again
+                    ckpt_path = None
         if signum:
-            if args.rank == 0:
+            if args.rank == 0 and ckpt_path is None:
+                print(
+                    f"stopped by {signal.Signals(signum).name} after iteration {iteration}; no checkpoint was written"
+                )
+            elif args.rank == 0:
                 print(f"stopped by {signal.Signals(signum).name} after iteration {iteration}, checkpoint {ckpt_path}\n"
                       f"resume with: python {SCRIPT}.py --resume {ckpt_path}", flush=True)  # fmt: skip
             writer.close()
@@ -1455,4 +1484,4 @@ def phase_buffer_help(argv):
 
 if __name__ == "__main__":
     description = phase_buffer_help(sys.argv[1:]) if {"-h", "--help"} & set(sys.argv) else None
-    train(tyro.cli(Args, default=cli_defaults(sys.argv[1:]), description=description))  # [25] checkpoint's flags
+    train(parse_args(default=cli_defaults(sys.argv[1:]), description=description))  # [25] checkpoint's flags

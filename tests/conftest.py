@@ -1,7 +1,10 @@
 """Shared helpers: load a script as a module, run it as a command, read its TensorBoard events."""
 
+import contextlib
 import importlib.util
 import math
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +70,19 @@ def assert_trained(scalars, iterations, loss_tags=LOSS_TAGS):
         assert all(math.isfinite(v) for _, v in scalars[tag]), (tag, scalars[tag])
     # approx_kl is measured after earlier minibatch steps of the same update: > 0 only if weights changed
     assert scalars["losses/approx_kl"][-1][1] > 0
+
+
+@contextlib.contextmanager
+def unwritable(path):
+    """Make the directory `path` unwritable, for root too: mode 555, and the immutable flag where root ignores modes."""
+    path.chmod(0o555)
+    chattr = os.access(path, os.W_OK) and shutil.which("chattr")
+    immutable = bool(chattr) and subprocess.run([chattr, "+i", str(path)], capture_output=True).returncode == 0
+    try:
+        if os.access(path, os.W_OK):
+            pytest.skip("no way to make a directory unwritable here: root without chattr")
+        yield path
+    finally:
+        if immutable:
+            subprocess.run([chattr, "-i", str(path)], check=True)
+        path.chmod(0o755)

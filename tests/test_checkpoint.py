@@ -1,6 +1,8 @@
 """Checkpoints: exact resume, signals, the divergence guard, bad files, evaluation of a saved agent."""
 
 import os
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -9,7 +11,7 @@ import time
 import pytest
 import torch
 import tyro
-from conftest import ROOT, load_script, read_scalars, smoke_args
+from conftest import ROOT, load_script, read_scalars, smoke_args, unwritable
 
 SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
@@ -226,3 +228,50 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(trained, monkeypatch
     out = capsys.readouterr().out
     assert "is complete: 2 of 2 iterations, 256 steps" in out and "--total-timesteps 512" in out, out
     assert sorted(run_dir.rglob("*")) == files  # no new event file, no checkpoint
+
+
+def copy_of_run(trained, tmp_path):
+    """The trained run, copied to tmp_path/runs, so that a test may write to it or break it."""
+    script, flags, run_dir = trained
+    shutil.copytree(run_dir, tmp_path / "runs" / run_dir.name)
+    return script, flags, tmp_path / "runs" / run_dir.name
+
+
+def contents(run_dir):
+    return {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+
+
+def test_a_full_disk_skips_the_checkpoint_and_keeps_the_earlier_ones(trained, tmp_path):
+    """A file-size limit below one checkpoint's size, as a full disk or a quota would: the resumed run goes on."""
+    script, flags, run_dir = copy_of_run(trained, tmp_path)
+    before = contents(run_dir / "checkpoints")
+    limit = min(len(data) for data in before.values()) // 4  # the event files stay far below it
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    # 2 more iterations, 2 more checkpoints; the saved model is not a checkpoint, and a failed write of it still raises
+    flags = [*flags, "--total-timesteps", "512", "--no-save-model", "--resume", str(run_dir)]
+    proc = subprocess.run([sys.executable, str(ROOT / f"{script.SCRIPT}.py"), *flags], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, preexec_fn=limited)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warnings = [line for line in proc.stderr.splitlines() if "not written" in line]
+    for iteration, line in zip((3, 4), warnings, strict=True):
+        path = f"runs/{run_dir.name}/checkpoints/iter_{iteration:08d}.pt"
+        assert (
+            line == f"{script.SCRIPT}.py: warning: {path} not written: File too large; the earlier checkpoints are kept"
+        )
+    assert "iter 4/4" in proc.stdout  # training went on to the end
+    assert contents(run_dir / "checkpoints") == before  # no temporary file left, the earlier checkpoints whole
+
+
+def test_resume_into_an_unwritable_run_directory_is_one_line(trained, tmp_path, monkeypatch, capsys):
+    script, flags, run_dir = copy_of_run(trained, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    before = contents(run_dir)
+    with unwritable(run_dir), pytest.raises(SystemExit) as exc:
+        train(script, [*flags, "--total-timesteps", "512", "--resume", str(run_dir)])
+    line = one_error_line(capsys, exc)
+    assert line == f"{script.SCRIPT}.py: error: --exp-name: cannot write runs/{run_dir.name}/: Permission denied"
+    assert contents(run_dir) == before

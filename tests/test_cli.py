@@ -8,7 +8,16 @@ import sys
 
 import pytest
 import tyro
-from conftest import ROOT, assert_trained, load_script, only_run_dir, read_scalars, run_script, smoke_args
+from conftest import (
+    ROOT,
+    assert_trained,
+    load_script,
+    only_run_dir,
+    read_scalars,
+    run_script,
+    smoke_args,
+    unwritable,
+)
 
 SCRIPTS = ["ppo_procgen", "ppg_procgen"]
 FULL = {"ppo_procgen": "ppo_procgen_full", "ppg_procgen": "ppg_procgen_full"}
@@ -96,13 +105,35 @@ def test_envs_that_do_not_divide_among_processes(monkeypatch, capsys, name):
     )
 
 
+# a rule's error, and a parse error of tyro's: each one line on a real stderr, where tyro draws its box in Unicode
+COMMAND_LINE_ERRORS = [
+    (["--num-minibatches", "7"], "--num-minibatches 7: must divide --num-envs x --num-steps"),
+    (["--num-envs", "abc"], "Error parsing --num-envs: invalid literal for int() with base 10: 'abc'"),
+]
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_bad_input_from_the_command_line(tmp_path, name):
-    proc = run_script(f"{name}.py", ["--num-minibatches", "7"], tmp_path)
+@pytest.mark.parametrize("flags,message", COMMAND_LINE_ERRORS)
+def test_bad_input_from_the_command_line(tmp_path, name, flags, message):
+    proc = run_script(f"{name}.py", flags, tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        f"{name}.py: error: --num-minibatches 7: must divide num_envs x num_steps"
-    ]
+    assert proc.stderr.strip().splitlines() == [f"{name}.py: error: {message}"]
+
+
+@pytest.mark.parametrize("name,flags", [(name, []) for name in SCRIPTS] + [("ppo_procgen", ["--capture-video"])])
+def test_an_unwritable_output_directory_is_one_line(tmp_path, monkeypatch, capsys, name, flags):
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    where = "videos" if flags else "runs"
+    (tmp_path / where).mkdir()
+    (tmp_path / where / "earlier.txt").write_text("kept")
+    with unwritable(tmp_path / where), pytest.raises(SystemExit) as exc:
+        script.train(script.parse_args([*smoke_args(name), *flags, "--device", "cpu", "--exp-name", "x"]))
+    assert exc.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    flag = "--capture-video" if flags else "--exp-name"
+    assert len(lines) == 1 and lines[0].startswith(f"{name}.py: error: {flag}: cannot write {where}/starpilot__x__1__")
+    assert os.listdir(tmp_path / where) == ["earlier.txt"]  # nothing lost
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
