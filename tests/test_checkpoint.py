@@ -201,11 +201,11 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     script = load_script("ppo_procgen_full")
     first = script.save_checkpoint(str(tmp_path), "iter_00000001.pt", {"iteration": 1})
 
-    def killed_mid_write(obj, f):
-        f.write(b"partial")
-        raise KeyboardInterrupt  # as if the process died while writing
+    def killed_mid_write(fd):
+        os.write(fd, b"partial")
+        raise KeyboardInterrupt  # as if the process died while the new file was being written, before the rename
 
-    monkeypatch.setattr(torch, "save", killed_mid_write)
+    monkeypatch.setattr(os, "fsync", killed_mid_write)
     with pytest.raises(KeyboardInterrupt):
         script.save_checkpoint(str(tmp_path), "iter_00000001.pt", {"iteration": 2})
     monkeypatch.undo()
