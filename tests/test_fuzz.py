@@ -25,9 +25,9 @@ UNKNOWN = [["--no-such-flag", "1"], ["--num-env", "4"], ["--seed=1", "--seed"], 
 
 def field_types(Args):
     """{name: (base type, optional, Literal choices or None)}, whatever the field's annotation is wrapped in."""
-    types = {}
+    types, hints = {}, typing.get_type_hints(Args)
     for field in dataclasses.fields(Args):
-        hint, optional = typing.get_type_hints(Args)[field.name], False
+        hint, optional = hints[field.name], False
         if typing.get_origin(hint) is typing.Annotated:  # the full files' rllte aliases
             hint = typing.get_args(hint)[0]
         if type(None) in typing.get_args(hint):  # `X | None`
@@ -136,7 +136,7 @@ def combo_values(base, optional, choices, default):
         return [True, False]
     if base is str:
         return [str(default), "a/b"]
-    return [str(default), "1", "64", "0", "nan"][: 4 if base is int else 5] + ["None"] * optional
+    return [str(default), "1", "64", "0"] + ["nan"] * (base is float) + ["None"] * optional
 
 
 def flag_argv(field, value):
