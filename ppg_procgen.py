@@ -98,8 +98,9 @@ class Args:
     """normalised rewards are clipped to [-clip_reward, clip_reward]"""
     feature_dim: int = 256
     """the size of the encoder's output (the dense layer after the IMPALA CNN)"""
-    init_fn: Literal["orthogonal", "normed"] = "normed"
-    """the weight initialisation: orthogonal (CleanRL), normed (the PPG paper)"""
+    init_fn: Literal["orthogonal", "torch_default", "tf_default", "normed"] = "normed"
+    """orthogonal in every layer (ours); the trunk at PyTorch's default (CleanRL) or TensorFlow's glorot-uniform (the
+    Procgen paper's runs) under orthogonal heads; normed (the PPG paper)"""
     # PPG
     arch: Literal["dual", "shared", "detach"] = "dual"
     """dual: separate policy and value networks (the paper's default); shared: one network, the value
@@ -281,11 +282,14 @@ def tune_malloc():
 def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
     if init_fn == "orthogonal":
         torch.nn.init.orthogonal_(layer.weight, std)
-    else:  # "normed": the PPG paper's scheme, Gaussian weights rescaled per output unit
+    elif init_fn == "tf_default":  # glorot-uniform at gain 1 whatever `std` says, and zero biases
+        torch.nn.init.xavier_uniform_(layer.weight)
+    elif init_fn == "normed":  # the PPG paper's scheme, Gaussian weights rescaled per output unit
         with torch.no_grad():
             layer.weight.normal_()
             layer.weight.mul_(std / layer.weight.flatten(1).norm(dim=1).view(-1, *[1] * (layer.weight.dim() - 1)))
-    torch.nn.init.constant_(layer.bias, bias_const)
+    if init_fn != "torch_default":  # PyTorch's default keeps the weights and biases it was built with
+        torch.nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
@@ -316,16 +320,17 @@ class Agent(nn.Module):
     def __init__(self, num_actions, feature_dim, init_fn, arch):
         super().__init__()
         self.network = impala_cnn(feature_dim, init_fn)
-        # [7] Near-uniform initial policy, small initial value: heads 0.01 and 1 (CleanRL), both 0.1 (PPG paper).
+        # [7] Heads: policy gain 0.01 (near uniform), value gain 1; orthogonal after a default trunk; 0.1 if normed
         actor_std, critic_std = (0.1, 0.1) if init_fn == "normed" else (0.01, 1.0)
-        self.actor = layer_init(nn.Linear(feature_dim, num_actions), actor_std, init_fn)
-        self.critic = layer_init(nn.Linear(feature_dim, 1), critic_std, init_fn)
+        head_fn = "orthogonal" if init_fn.endswith("_default") else init_fn
+        self.actor = layer_init(nn.Linear(feature_dim, num_actions), actor_std, head_fn)
+        self.critic = layer_init(nn.Linear(feature_dim, 1), critic_std, head_fn)
         # [20] The PPG architectures: what the true value head reads, and what its loss trains.
         self.arch = arch
         if arch == "dual":
             self.value_network = impala_cnn(feature_dim, init_fn)
         # [21] The auxiliary value head on the policy's features: distils value knowledge into the policy network.
-        self.aux_critic = layer_init(nn.Linear(feature_dim, 1), critic_std, init_fn)
+        self.aux_critic = layer_init(nn.Linear(feature_dim, 1), critic_std, head_fn)
 
     def value_hidden(self, x, hidden):
         """The critic's input: its own network (dual), or the policy's features, detached (detach) or not (shared)."""

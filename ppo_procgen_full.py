@@ -138,8 +138,12 @@ class Args:
     """the size of the encoder's output (the dense layer after the IMPALA CNN)"""
     hidden_dim: int = 0
     """the size of a hidden layer in each head; 0 = linear heads, as in the papers"""
-    init_fn: Literal["orthogonal", "xavier_uniform", "xavier_normal", "normed"] = "orthogonal"
-    """the weight initialisation: orthogonal (CleanRL), normed (the PPG paper), xavier_* (rllte)"""
+    init_fn: Literal["orthogonal", "torch_default", "tf_default", "normed", "xavier_uniform", "xavier_normal"] = (
+        "orthogonal"
+    )
+    """orthogonal in every layer (ours); the trunk at PyTorch's default (CleanRL) or TensorFlow's glorot-uniform (the
+    Procgen paper's runs) under orthogonal heads; normed (the PPG paper);
+    `xavier_uniform` and `xavier_normal` in every layer (rllte)"""
     # Logging and saving
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
@@ -419,15 +423,18 @@ class StatusLine:
 def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
     if init_fn == "orthogonal":
         torch.nn.init.orthogonal_(layer.weight, std)
+    elif init_fn == "tf_default":  # glorot-uniform at gain 1 whatever `std` says, and zero biases
+        torch.nn.init.xavier_uniform_(layer.weight)
     elif init_fn == "xavier_uniform":  # ── rllte's init functions: `std` is the gain ──
         torch.nn.init.xavier_uniform_(layer.weight, std)
     elif init_fn == "xavier_normal":
         torch.nn.init.xavier_normal_(layer.weight, std)
-    else:  # "normed": the PPG paper's scheme, Gaussian weights rescaled per output unit
+    elif init_fn == "normed":  # the PPG paper's scheme, Gaussian weights rescaled per output unit
         with torch.no_grad():
             layer.weight.normal_()
             layer.weight.mul_(std / layer.weight.flatten(1).norm(dim=1).view(-1, *[1] * (layer.weight.dim() - 1)))
-    torch.nn.init.constant_(layer.bias, bias_const)
+    if init_fn != "torch_default":  # PyTorch's default keeps the weights and biases it was built with
+        torch.nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
@@ -547,10 +554,11 @@ class Agent(nn.Module):
     def __init__(self, num_actions, feature_dim, init_fn, hidden_dim=0):
         super().__init__()
         self.network = impala_cnn(feature_dim, init_fn)
-        # [7] Near-uniform initial policy, small initial value: heads 0.01 and 1 (CleanRL), both 0.1 (PPG paper).
+        # [7] Heads: policy gain 0.01 (near uniform), value gain 1; orthogonal after a default trunk; 0.1 if normed
         actor_std, critic_std = (0.1, 0.1) if init_fn == "normed" else (0.01, 1.0)
-        self.actor = head(feature_dim, hidden_dim, num_actions, actor_std, init_fn)
-        self.critic = head(feature_dim, hidden_dim, 1, critic_std, init_fn)
+        head_fn = "orthogonal" if init_fn.endswith("_default") else init_fn
+        self.actor = head(feature_dim, hidden_dim, num_actions, actor_std, head_fn)
+        self.critic = head(feature_dim, hidden_dim, 1, critic_std, head_fn)
 
     def get_value(self, x):
         return self.critic(self.network(x.permute((0, 3, 1, 2)) / 255.0))  # "bhwc" -> "bchw", uint8 -> [0, 1]

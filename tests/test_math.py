@@ -66,3 +66,32 @@ def test_init_sets_the_norm_of_each_output_unit(script, init_fn):
     layer = script.layer_init(torch.nn.Conv2d(8, 4, 3), 0.7, init_fn)
     torch.testing.assert_close(layer.weight.flatten(1).norm(dim=1), torch.full((4,), 0.7))
     assert not layer.bias.any()
+
+
+def agent_of(script, init_fn):
+    args = [script.Args().feature_dim, init_fn, *(["dual"] if hasattr(script.Args, "arch") else [])]
+    return script.Agent(15, *args)
+
+
+def test_default_trunks_keep_their_frameworks_init_under_orthogonal_heads(script):
+    """torch_default (CleanRL): the trunk as PyTorch builds it, biases included; tf_default (baselines' PPO2):
+    glorot-uniform weights, zero biases. Under both, the heads are orthogonal with gains 0.01 and 1."""
+    torch.manual_seed(3)
+    built = agent_of(script, "orthogonal").network[0]  # the first conv, before any init touched the generator
+    torch.manual_seed(3)
+    default = agent_of(script, "torch_default")
+    first = default.network[0]
+    torch.manual_seed(3)
+    reference = torch.nn.Conv2d(3, 16, kernel_size=3, padding=1)  # what PyTorch alone draws first
+    assert torch.equal(first.weight, reference.weight) and torch.equal(first.bias, reference.bias)
+    assert not torch.equal(built.weight, reference.weight) and first.bias.any()
+    glorot = agent_of(script, "tf_default")
+    for layer in (m for m in glorot.network.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))):
+        fan_in, fan_out = layer.weight[0].numel(), layer.weight.shape[0] * layer.weight[0, 0].numel()
+        bound = np.sqrt(6 / (fan_in + fan_out))
+        assert layer.weight.abs().max() <= bound and layer.weight.std().item() == pytest.approx(bound / np.sqrt(3), rel=0.1)
+        assert not layer.bias.any()
+    for agent in (default, glorot):
+        norms = [head.weight.norm(dim=1) for head in (agent.actor, agent.critic)]
+        torch.testing.assert_close(norms[0], torch.full((15,), 0.01))
+        torch.testing.assert_close(norms[1], torch.ones(1))
