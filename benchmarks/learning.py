@@ -1,21 +1,22 @@
-"""Learning benchmark: train the scripts over games and seeds, then plot and tabulate the returns.
+"""Learning benchmark: train the scripts over games and seeds, then chart them beside OpenAI's PPO runs at equal steps.
 
-    # the published setup, on a GPU (25M steps, easy, 200 levels; 3 games x 3 seeds x 2 algorithms)
-    python benchmarks/learning.py run --env-ids starpilot bossfight bigfish --seeds 1 2 3 --total-timesteps 25000000
-    python benchmarks/learning.py report
-    # a short check on a CPU, with extra flags passed to the scripts after --
-    OMP_NUM_THREADS=1 python benchmarks/learning.py run --scripts ppo_procgen --seeds 1 2 --total-timesteps 204800 \\
-        --parallel 2 -- --num-envs 16 --num-steps 256 --num-minibatches 8 --env-threads 1
+    # on a CPU: PPO at the defaults (64 envs x 256 steps, the reference's sizes) on starpilot, 31 iterations
+    OMP_NUM_THREADS=1 python benchmarks/learning.py run --scripts ppo_procgen --seeds 2 --total-timesteps 507904
+    python benchmarks/learning.py report --title "what the runs were, the machine"
+    # on a GPU: all 16 games, 3 seeds, PPO and PPG, 25M steps each
+    python benchmarks/learning.py run --env-ids all --seeds 1 2 3 --total-timesteps 25000000
 
 `run` trains every script x game x seed, each logging to its own TensorBoard directory under `--runs`, at most
-`--parallel` at a time, and measures a random policy on the same training levels. `report` reads the events
-back and writes `learning.png` (train and held-out test returns against steps: the mean over seeds with a
-band of one std, one panel per game, the algorithms on the same axes, the published 25M-step results as
-horizontal lines) and `LEARNING.md` (the mean of the last 100 episodes of each run, the number of steps each
-run had, and the score normalised by the Procgen paper's easy-mode ranges).
+`--parallel` at a time, and measures a random policy on the same training levels; flags after `--` go to the scripts.
+`report` reads the events back and writes `learning.png` (for each game, the training-level and test-level returns
+against steps: the reference runs' range as a band, ours as lines) and `LEARNING.md` (at each run's last step, ours
+beside the reference runs' values, the fraction of our logged points inside their range, the last tenth's means, and
+the normalised test scores, aggregated over games with rliable's IQM where three or more games ran).
 """
 
 import argparse
+import csv
+import gzip
 import json
 import re
 import subprocess
@@ -30,13 +31,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
 SCRIPTS = {"ppo_procgen": "PPO", "ppg_procgen": "PPG"}
-# Published returns at 25M steps, easy distribution, 3 seeds (test levels): (mean, std)
-REFERENCES = {
-    "CleanRL PPO": {"starpilot": (30.99, 1.96), "bossfight": (8.85, 0.33), "bigfish": (16.46, 2.71)},
-    "CleanRL PPG": {"starpilot": (34.82, 13.77), "bossfight": (10.78, 1.90), "bigfish": (24.23, 10.73)},
-    "OpenAI PPG": {"starpilot": (42.01, 9.59), "bossfight": (10.71, 2.05), "bigfish": (15.94, 10.80)},
-}
-# The Procgen paper's easy-mode score ranges (R_min, R_max) for the normalised score (R - R_min) / (R_max - R_min)
+SCRIPT_OF = {label: script for script, label in SCRIPTS.items()}
+# OpenAI's PPO learning curves (train-procgen, easy, 200 levels, 3 runs per game): reference/README.md
+REFERENCE = HERE / "reference" / "openai_ppo_easy200.csv.gz"
+# The Procgen paper's easy-mode score ranges (R_min, R_max) for the normalised score (R - R_min) / (R_max - R_min).
+# train-procgen's constants.py has jumper (1, 10) and leaper (1.5, 10) in its easy table: the paper's hard-mode values.
 EASY_RANGES = {
     "bigfish": (1, 40), "bossfight": (0.5, 13), "caveflyer": (3.5, 12), "chaser": (0.5, 13), "climber": (2, 12.6),
     "coinrun": (5, 10), "dodgeball": (1.5, 19), "fruitbot": (-1.5, 32.4), "heist": (3.5, 10), "jumper": (3, 10),
@@ -71,6 +70,7 @@ def random_policy_return(env_id, episodes=500, seed=1):
 
 def run(opts, extra):
     opts.runs.mkdir(parents=True, exist_ok=True)
+    opts.env_ids = list(EASY_RANGES) if opts.env_ids == ["all"] else opts.env_ids
     jobs = [(s, e, seed) for e in opts.env_ids for seed in opts.seeds for s in opts.scripts]
     procs, started = [], time.time()
     for script, env_id, seed in jobs:
@@ -90,7 +90,7 @@ def run(opts, extra):
 
 
 def read_runs(runs_dir):
-    """{(env_id, script): [per seed: {"steps": n, "train": [(step, r)], "test": [(step, r)]}]}"""
+    """{(env_id, script): [per seed: {"steps": n, "logged": [step], "train": [(step, r)], "test": [(step, r)]}]}"""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     found = {}
@@ -103,7 +103,8 @@ def read_runs(runs_dir):
         tags = acc.Tags()["scalars"]
         series = {key: [(e.step, e.value) for e in acc.Scalars(f"charts/{tag}")] if f"charts/{tag}" in tags else []
                   for key, tag in (("train", "episodic_return"), ("test", "test_episodic_return"))}  # fmt: skip
-        series["steps"] = max((e.step for e in acc.Scalars("charts/SPS")), default=0) if "charts/SPS" in tags else 0
+        series["logged"] = [e.step for e in acc.Scalars("charts/SPS")] if "charts/SPS" in tags else []  # iterations
+        series["steps"] = max(series["logged"], default=0)
         found.setdefault((m.group(1), m.group(2)), []).append(series)
     return found
 
@@ -123,6 +124,87 @@ def last_mean(episodes, window=100):
     return float(np.mean([r for _, r in episodes[-window:]])) if episodes else float("nan")
 
 
+def read_reference(path=REFERENCE):
+    """OpenAI's PPO runs: {(game, split): [per run: (steps, eprewmean)]}, steps and returns as numpy arrays."""
+    rows = {}
+    with gzip.open(path, "rt") as f:
+        for row in csv.DictReader(f):
+            key = (row["game"], row["split"])
+            rows.setdefault(key, {}).setdefault(int(row["run"]), []).append((int(row["step"]), float(row["eprewmean"])))
+    return {key: [tuple(np.array(v) for v in zip(*sorted(runs[r]), strict=True)) for r in sorted(runs)]
+            for key, runs in rows.items()}  # fmt: skip
+
+
+def logged_steps(run):
+    """The steps at which a run of ours closed an iteration: where its `charts/SPS` was logged."""
+    return np.array(run["logged"], dtype=float)
+
+
+def against_reference(seeds, reference, key):
+    """Our runs of one game and split beside the reference runs, at the steps where ours were logged.
+
+    Returns the last step common to our seeds, our mean there over seeds, the reference runs' values there (interpolated
+    between their logged updates), the fraction of each seed's logged points that lie inside the reference runs'
+    range, and the late means: ours over the last tenth of the run, theirs over the same steps."""
+    last = min(logged_steps(s)[-1] for s in seeds)
+    at = lambda steps: np.array([np.interp(steps, x, y, left=np.nan, right=np.nan) for x, y in reference])  # noqa: E731
+    ours_last = [curve(s[key], [last])[0] for s in seeds]
+    fractions, late_ours, late_ref = [], [], []
+    for s in seeds:
+        steps = logged_steps(s)
+        steps = steps[steps <= last]
+        ours, ref = curve(s[key], steps), at(steps)
+        known = ~np.isnan(ours) & ~np.isnan(ref).any(axis=0)  # a point before any episode, or past the reference
+        inside = (ref.min(axis=0) <= ours) & (ours <= ref.max(axis=0))
+        fractions.append(inside[known].mean() if known.any() else np.nan)
+        late = known & (steps > 0.9 * last)
+        late_ours.append(ours[late].mean() if late.any() else np.nan)
+        late_ref.append(ref[:, late].mean() if late.any() else np.nan)
+    return dict(last=int(last), ours=float(np.mean(ours_last)), ref=at([last])[:, 0], fractions=fractions,
+                late_ours=float(np.nanmean(late_ours)), late_ref=float(np.nanmean(late_ref)))  # fmt: skip
+
+
+def iqm_with_ci(scores, seed=0):
+    """Interquartile mean over runs x games, with a 95% stratified-bootstrap interval (rliable)."""
+    try:
+        from rliable import library as rly
+        from rliable import metrics
+    except ImportError:
+        raise SystemExit("the aggregate over games needs rliable: pip install rliable") from None
+    iqm = lambda x: np.array([metrics.aggregate_iqm(x)])  # noqa: E731
+    saved = np.random.get_state()  # rliable resamples with numpy's global generator: seeded here, then put back,
+    np.random.seed(seed)  # so that the same runs give the same interval on every report
+    try:
+        with warnings.catch_warnings():  # arch, under rliable, deprecates the RandomState that rliable passes it
+            warnings.simplefilter("ignore", FutureWarning)
+            state = np.random.RandomState(seed)
+            points, intervals = rly.get_interval_estimates({"x": scores}, iqm, reps=2000, random_state=state)
+    finally:
+        np.random.set_state(saved)
+    return float(points["x"][0]), tuple(float(v) for v in intervals["x"][:, 0])
+
+
+TABLE_INTRO = """Every return here, ours and the reference's, is the mean of the last 100 finished episodes at a logged
+step, as baselines logs `eprewmean`. The reference is the Procgen paper's own PPO (baselines' PPO2, easy, 200 training
+levels, 64 envs x 256 steps, 3 runs per game; `reference/README.md`), read at our steps by linear interpolation
+between its logged updates.
+
+- *at the last step*: our mean over seeds, and the three reference runs at the same step, with their range;
+- *points inside*: per seed, the fraction of our logged points that lie inside the reference runs' range. A fourth run
+  drawn from the reference's own distribution lies inside the range of three at a given step with probability 1/2,
+  so about 50% is what a faithful reproduction gives; far below it, ours differs;
+- *last tenth*: our mean over the logged points in the run's last tenth of steps, against the reference runs' mean
+  over the same steps.
+
+| game | algorithm | levels | seeds | last step | ours | reference runs | inside? | points inside | last tenth: ours \
+| last tenth: reference |
+|---|---|---|---|---|---|---|---|---|---|---|"""
+NORMALISED_INTRO = """Normalised test score (R - R_min) / (R_max - R_min) at the last step, with the Procgen paper's
+easy-mode ranges (jumper and leaper (3, 10); train-procgen's `constants.py` has (1, 10) and (1.5, 10) there, the
+paper's hard-mode values):
+"""
+
+
 def report(opts):
     import matplotlib
 
@@ -132,62 +214,68 @@ def report(opts):
     found = read_runs(opts.runs)
     if not found:
         raise SystemExit(f"no runs of {', '.join(SCRIPTS)} under {opts.runs / 'runs'}")
+    reference = read_reference(opts.reference)
+    opts.out.mkdir(parents=True, exist_ok=True)
     baseline_file = opts.runs / "random_policy.json"
     baselines = json.loads(baseline_file.read_text()) if baseline_file.exists() else {}
     games = sorted({env_id for env_id, _ in found})
-    fig, axes = plt.subplots(1, len(games), figsize=(6 * len(games), 4), squeeze=False)
-    rows = []
-    for ax, env_id in zip(axes[0], games, strict=True):
-        for script, label in SCRIPTS.items():
-            seeds = found.get((env_id, script), [])
-            if not seeds:
-                continue
-            grid = np.linspace(0, max(s["steps"] for s in seeds), 60)
-            for key, style in (("train", "-"), ("test", "--")):
-                curves = np.array([curve(s[key], grid) for s in seeds if s[key]])
-                if len(curves) == 0:
-                    continue
-                with warnings.catch_warnings():  # the grid's first points may come before any episode
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    mean, std = np.nanmean(curves, 0), np.nanstd(curves, 0)
-                line = ax.plot(grid, mean, style, label=f"{label} {key} ({len(curves)} seeds)")[0]
-                ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.2)
-            finals = {key: [last_mean(s[key]) for s in seeds] for key in ("train", "test")}
-            lo, hi = EASY_RANGES[env_id]
-            norm = [(r - lo) / (hi - lo) for r in finals["test"]]
-            rows.append((env_id, label, len(seeds), min(s["steps"] for s in seeds), finals, norm))
-        refs = {name: values[env_id][0] for name, values in REFERENCES.items() if env_id in values}
-        top = ax.get_ylim()[1]
-        for name, value in refs.items():
-            if value <= 3 * top:
-                ax.axhline(value, linestyle=":", linewidth=1, color="gray")
-                ax.annotate(f"{name} @25M", (0, value), fontsize=7, color="gray", va="bottom")
-        far = [f"{name} {value:.2f}" for name, value in refs.items() if value > 3 * top]
-        if far:  # a short run would be a flat line under them: they are named instead of drawn
-            ax.text(0.02, 0.98, "published @25M, above this scale:\n" + "\n".join(far), transform=ax.transAxes,
-                    fontsize=7, color="gray", va="top")  # fmt: skip
-        if env_id in baselines:
-            ax.axhline(baselines[env_id][0], color="black", linewidth=1, label="random policy")
-        ax.set_title(env_id)
-        ax.set_xlabel("environment steps")
-        ax.set_ylabel("episodic return (mean of last 100 episodes)")
-        ax.legend(fontsize=7, loc="lower right")
+    fig, axes = plt.subplots(2, len(games), figsize=(6 * len(games), 8), squeeze=False)
+    rows, colours = [], {"PPO": "tab:blue", "PPG": "tab:red"}
+    for col, env_id in enumerate(games):
+        horizon = max(logged_steps(s)[-1] for (g, _), seeds in found.items() if g == env_id for s in seeds)
+        for row, key in enumerate(("train", "test")):
+            ax = axes[row][col]
+            ref = reference.get((env_id, key), [])
+            if ref:  # the reference runs as a band (their range) around their mean, up to a little past ours
+                grid = ref[0][0][ref[0][0] <= horizon * 1.1]
+                values = np.array([np.interp(grid, x, y) for x, y in ref])
+                ax.fill_between(grid, values.min(0), values.max(0), color="gray", alpha=0.3,
+                                label=f"OpenAI PPO, range of {len(ref)} runs")  # fmt: skip
+                ax.plot(grid, values.mean(0), color="gray", linewidth=1)
+            for script, label in SCRIPTS.items():
+                seeds = [s for s in found.get((env_id, script), []) if s[key]]
+                name = f"ours, {label} ({len(seeds)} seed{'s' * (len(seeds) > 1)})"
+                for i, s in enumerate(seeds):
+                    steps = logged_steps(s)
+                    ax.plot(steps, curve(s[key], steps), color=colours[label], label=None if i else name)
+                if seeds and ref:
+                    rows.append((env_id, label, key, len(seeds), against_reference(seeds, ref, key)))
+            if env_id in baselines and key == "train":
+                ax.axhline(baselines[env_id][0], color="black", linewidth=0.8, linestyle=":", label="random policy")
+            ax.set_xlim(0, horizon * 1.1)
+            ax.set_title(f"{env_id}, {'training levels' if key == 'train' else 'test levels (all)'}")
+            ax.set_xlabel("environment steps")
+            ax.set_ylabel("mean return of the last 100 episodes")
+            ax.legend(fontsize=7, loc="upper left")
     fig.suptitle(textwrap.fill(opts.title, 90 * len(games)), fontsize=8)
     fig.tight_layout()
     fig.savefig(opts.out / "learning.png", dpi=100)
 
-    fmt = lambda xs: f"{np.mean(xs):.2f} +- {np.std(xs):.2f}"  # noqa: E731
-    lines = [f"# Learning: {opts.title}", "", "Mean of the last 100 episodes of each run, mean +- std over seeds;",
-             "normalised score = (test return - R_min) / (R_max - R_min), with the Procgen paper's easy-mode ranges.",
-             "", "| game | algorithm | seeds | steps per run | train return | test return | normalised test score "
-             "| random policy |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for env_id, label, n, steps, finals, norm in rows:
-        random_cell = f"{baselines[env_id][0]:.2f}" if env_id in baselines else ""
-        lines.append(f"| {env_id} | {label} | {n} | {steps:,} | {fmt(finals['train'])} | {fmt(finals['test'])} | "
-                     f"{fmt(norm)} | {random_cell} |")  # fmt: skip
-    lines += ["", "Published at 25,000,000 steps (easy, test levels, 3 seeds):", ""]
-    lines += [f"- {name}: " + ", ".join(f"{g} {m:.2f} +- {s:.2f}" for g, (m, s) in values.items())
-              for name, values in REFERENCES.items()]  # fmt: skip
+    lines = [f"# Learning beside OpenAI's PPO runs: {opts.title}", "", TABLE_INTRO]
+    for env_id, label, key, n, r in rows:
+        lo, hi = np.nanmin(r["ref"]), np.nanmax(r["ref"])
+        inside = "yes" if lo <= r["ours"] <= hi else ("below" if r["ours"] < lo else "above")
+        runs = ", ".join(f"{v:.2f}" for v in r["ref"])
+        fractions = ", ".join(f"{f:.0%}" for f in r["fractions"])
+        lines.append(f"| {env_id} | {label} | {key} | {n} | {r['last']:,} | {r['ours']:.2f} | {runs} ({lo:.2f} to "
+                     f"{hi:.2f}) | {inside} | {fractions} | {r['late_ours']:.2f} | {r['late_ref']:.2f} |")  # fmt: skip
+
+    normalised = {}  # algorithm -> game -> per seed, the test return at the last step as a normalised score
+    for env_id, label, key, _, r in rows:
+        if key == "test":
+            lo, hi = EASY_RANGES[env_id]
+            finals = [curve(s["test"], [r["last"]])[0] for s in found[(env_id, SCRIPT_OF[label])] if s["test"]]
+            normalised.setdefault(label, {})[env_id] = [(v - lo) / (hi - lo) for v in finals]
+    lines += ["", NORMALISED_INTRO]
+    for label, per_game in normalised.items():
+        lines.append(f"- {label}: " + ", ".join(f"{g} {np.mean(v):.3f}" for g, v in per_game.items()))
+        common = min(len(v) for v in per_game.values())
+        if len(per_game) >= 3 and common > 0:  # runs x games, the seeds each game has in common
+            iqm, (low, high) = iqm_with_ci(np.array([v[:common] for v in per_game.values()]).T)
+            lines[-1] += f"; IQM over {len(per_game)} games {iqm:.3f} (95% CI {low:.3f} to {high:.3f}, rliable)"
+    if baselines:
+        lines += ["", "Random policy on the training levels (mean of 500 episodes): "
+                  + ", ".join(f"{g} {v[0]:.2f}" for g, v in baselines.items())]  # fmt: skip
     lines += ["", "![learning curves](learning.png)", ""]
     (opts.out / "LEARNING.md").write_text("\n".join(lines))
     print(f"wrote {opts.out / 'LEARNING.md'} and {opts.out / 'learning.png'}")
@@ -249,7 +337,7 @@ def main():
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="train every script x game x seed")
     p_run.add_argument("--scripts", nargs="+", default=list(SCRIPTS), choices=list(SCRIPTS))
-    p_run.add_argument("--env-ids", nargs="+", default=["starpilot"])
+    p_run.add_argument("--env-ids", nargs="+", default=["starpilot"], help="Procgen games, or all: the 16")
     p_run.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     p_run.add_argument("--total-timesteps", type=int, default=25_000_000)
     p_run.add_argument("--parallel", type=int, default=1, help="runs at a time")
@@ -257,6 +345,7 @@ def main():
     p_report = sub.add_parser("report", help="plot and tabulate the runs")
     p_report.add_argument("--out", type=Path, default=HERE, help="where learning.png and LEARNING.md go")
     p_report.add_argument("--title", default="returns against steps", help="what the runs were (machine, steps)")
+    p_report.add_argument("--reference", type=Path, default=REFERENCE, help="the reference runs' curves (csv.gz)")
     for p in (p_run, p_report):
         p.add_argument("--runs", type=Path, default=HERE / "learning_runs", help="the folder holding runs/")
     p_compare = sub.add_parser("compare", help="two runs' statistics side by side (one option changed)")

@@ -1,9 +1,13 @@
 """The benchmarks run and write well-formed results (their timings are never asserted)."""
 
+import csv
+import gzip
 import re
 import subprocess
 import sys
 
+import numpy as np
+import pytest
 from conftest import ROOT, smoke_args
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -49,6 +53,40 @@ def compare_rows(run_a, run_b, out):
     ]
 
 
+def write_reference(path, runs):
+    """A reference file in the committed one's format: {(game, split): [per run: [(step, eprewmean)]]}."""
+    with gzip.open(path, "wt", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["game", "run", "split", "step", "eprewmean", "eplenmean"])
+        for (game, split), per_run in runs.items():
+            for run, points in enumerate(per_run):
+                out.writerows([game, run, split, step, value, 100] for step, value in points)
+
+
+def test_against_reference_reads_the_reference_at_our_steps(tmp_path):
+    learning = __import__("learning")
+    steps = list(range(100, 1001, 100))
+    # one episode ends at each logged step, returning k at step 100 k: our curve there is the mean of 1..k, (k + 1) / 2
+    seed = {"logged": steps, "train": [(step, float(k)) for k, step in enumerate(steps, 1)], "test": []}
+    flat = lambda value: [(0, value), (2000, value)]  # noqa: E731
+    write_reference(tmp_path / "ref.csv.gz", {("starpilot", "train"): [flat(0.0), flat(2.0), [(0, 1.0), (2000, 5.0)]]})
+    reference = learning.read_reference(tmp_path / "ref.csv.gz")[("starpilot", "train")]
+    result = learning.against_reference([seed], reference, "train")
+    # the third run reads 1 + 0.2 k at step 100 k: the range's top is max(2, 1 + 0.2 k); ours is inside for k <= 3
+    assert result["fractions"] == [0.3] and result["last"] == 1000 and result["ours"] == 5.5
+    np.testing.assert_allclose(result["ref"], [0.0, 2.0, 3.0])
+    assert result["late_ours"] == 5.5 and result["late_ref"] == pytest.approx(5 / 3)  # the last tenth: step 1000 alone
+
+
+def test_iqm_over_games_is_the_interquartile_mean_with_an_interval_around_it():
+    learning = __import__("learning")
+    scores = np.random.default_rng(0).normal(size=(3, 4))  # 3 runs x 4 games
+    iqm, (low, high) = learning.iqm_with_ci(scores)
+    middle = np.sort(scores.ravel())[3:9]  # the middle half of the 12 scores
+    assert iqm == pytest.approx(middle.mean()) and low < iqm < high
+    assert learning.iqm_with_ci(scores) == (iqm, (low, high))  # a fixed seed: the same interval on every report
+
+
 def test_learning_report_from_smoke_runs(tmp_path):
     runs, learning = tmp_path / "runs_dir", ROOT / "benchmarks" / "learning.py"
     for name in ("ppo_procgen", "ppg_procgen"):  # real small runs, each with its own smoke flags
@@ -57,17 +95,23 @@ def test_learning_report_from_smoke_runs(tmp_path):
                *smoke_args(name)]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    report = [sys.executable, str(learning), "report", "--runs", str(runs), "--out", str(tmp_path), "--title", "smoke"]
+    # reference runs that bracket any return: every point of ours lies inside their range
+    wide = [[(0, -1000.0), (512, -1000.0)], [(0, 1000.0), (512, 1000.0)], [(0, 0.0), (512, 0.0)]]
+    write_reference(tmp_path / "ref.csv.gz", {("starpilot", split): wide for split in ("train", "test")})
+    report = [sys.executable, str(learning), "report", "--runs", str(runs), "--out", str(tmp_path / "out"), "--title",
+              "smoke", "--reference", str(tmp_path / "ref.csv.gz")]  # fmt: skip
     proc = subprocess.run(report, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line.split("|")[1:-1] for line in (tmp_path / "LEARNING.md").read_text().splitlines()
-            if line.startswith("| starpilot")]  # fmt: skip
-    assert [(r[0].strip(), r[1].strip(), r[2].strip(), r[3].strip()) for r in rows] == [
-        ("starpilot", "PPO", "1", "256"),
-        ("starpilot", "PPG", "1", "256"),
+    text = (tmp_path / "out" / "LEARNING.md").read_text()
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| starpilot")]
+    assert [r[:5] for r in rows] == [
+        ["starpilot", algorithm, split, "1", "256"] for split in ("train", "test") for algorithm in ("PPO", "PPG")
     ]
-    assert all(float(r[7]) > 0 for r in rows)  # the random policy's return on the same levels
-    assert (tmp_path / "learning.png").read_bytes()[:4] == b"\x89PNG"
+    for r in rows:
+        assert r[6] == "-1000.00, 1000.00, 0.00 (-1000.00 to 1000.00)" and r[7] == "yes" and r[8] == "100%"
+        assert r[10] == "0.00"
+    assert re.search(r"- PPO: starpilot -?\d\.\d{3}", text) and "Random policy on the training levels" in text
+    assert (tmp_path / "out" / "learning.png").read_bytes()[:4] == b"\x89PNG"
 
     # compare: a run against itself differs nowhere; PPO against PPG differs
     ppg_run, ppo_run = sorted((runs / "runs").iterdir())

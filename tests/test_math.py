@@ -89,7 +89,8 @@ def test_default_trunks_keep_their_frameworks_init_under_orthogonal_heads(script
     for layer in (m for m in glorot.network.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))):
         fan_in, fan_out = layer.weight[0].numel(), layer.weight.shape[0] * layer.weight[0, 0].numel()
         bound = np.sqrt(6 / (fan_in + fan_out))
-        assert layer.weight.abs().max() <= bound and layer.weight.std().item() == pytest.approx(bound / np.sqrt(3), rel=0.1)
+        assert layer.weight.abs().max() <= bound
+        assert layer.weight.std().item() == pytest.approx(bound / np.sqrt(3), rel=0.1)  # uniform on [-bound, bound]
         assert not layer.bias.any()
     for agent in (default, glorot):
         norms = [head.weight.norm(dim=1) for head in (agent.actor, agent.critic)]
