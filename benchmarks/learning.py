@@ -17,6 +17,7 @@ the normalised test scores, aggregated over games with rliable's IQM where three
 import argparse
 import csv
 import gzip
+import importlib
 import json
 import re
 import subprocess
@@ -69,6 +70,7 @@ def random_policy_return(env_id, episodes=500, seed=1):
 
 
 def run(opts, extra):
+    check_script_flags(opts.scripts, extra)
     opts.runs.mkdir(parents=True, exist_ok=True)
     opts.env_ids = list(EASY_RANGES) if opts.env_ids == ["all"] else opts.env_ids
     jobs = [(s, e, seed) for e in opts.env_ids for seed in opts.seeds for s in opts.scripts]
@@ -89,12 +91,14 @@ def run(opts, extra):
         raise SystemExit(f"runs failed: {failed}")
 
 
-def read_runs(runs_dir):
+def read_runs(runs_dirs):
     """{(env_id, script): [per seed: {"steps": n, "logged": [step], "train": [(step, r)], "test": [(step, r)]}]}"""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     found = {}
-    for run_dir in sorted((runs_dir / "runs").iterdir()):
+    for run_dir in sorted(
+        d for runs_dir in runs_dirs if (runs_dir / "runs").is_dir() for d in (runs_dir / "runs").iterdir()
+    ):
         m = re.fullmatch(r"(\w+?)__(\w+?)__(\d+)__.+", run_dir.name)
         if not m or m.group(2) not in SCRIPTS:
             continue
@@ -212,12 +216,14 @@ def report(opts):
     import matplotlib.pyplot as plt
 
     found = read_runs(opts.runs)
+    baselines = {}  # the random policy's return per game, from the first folder that measured it
+    for runs_dir in reversed(opts.runs):
+        if (runs_dir / "random_policy.json").exists():
+            baselines |= json.loads((runs_dir / "random_policy.json").read_text())
     if not found:
-        raise SystemExit(f"no runs of {', '.join(SCRIPTS)} under {opts.runs / 'runs'}")
+        raise SystemExit(f"no runs of {', '.join(SCRIPTS)} under {' or '.join(str(d / 'runs') for d in opts.runs)}")
     reference = read_reference(opts.reference)
     opts.out.mkdir(parents=True, exist_ok=True)
-    baseline_file = opts.runs / "random_policy.json"
-    baselines = json.loads(baseline_file.read_text()) if baseline_file.exists() else {}
     games = sorted({env_id for env_id, _ in found})
     fig, axes = plt.subplots(2, len(games), figsize=(6 * len(games), 8), squeeze=False)
     rows, colours = [], {"PPO": "tab:blue", "PPG": "tab:red"}
@@ -329,8 +335,8 @@ def compare(opts):
     print(f"wrote {opts.out}")
 
 
-def main():
-    argv = sys.argv[1:]
+def parse(argv):
+    """The command line as (opts, the flags after `--`, which go to the scripts)."""
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -346,14 +352,27 @@ def main():
     p_report.add_argument("--out", type=Path, default=HERE, help="where learning.png and LEARNING.md go")
     p_report.add_argument("--title", default="returns against steps", help="what the runs were (machine, steps)")
     p_report.add_argument("--reference", type=Path, default=REFERENCE, help="the reference runs' curves (csv.gz)")
-    for p in (p_run, p_report):
-        p.add_argument("--runs", type=Path, default=HERE / "learning_runs", help="the folder holding runs/")
+    p_run.add_argument("--runs", type=Path, default=HERE / "learning_runs", help="the folder holding runs/")
+    p_report.add_argument(
+        "--runs", type=Path, nargs="+", default=[HERE / "learning_runs"], help="folders holding runs/"
+    )
     p_compare = sub.add_parser("compare", help="two runs' statistics side by side (one option changed)")
     p_compare.add_argument("run_dirs", nargs=2, type=Path, help="the two runs' TensorBoard directories")
     p_compare.add_argument("--labels", nargs=2, default=["A", "B"], help="what each run was")
     p_compare.add_argument("--title", default="same seed", help="what the runs were (machine, steps, flags)")
     p_compare.add_argument("--out", type=Path, default=HERE / "COMPARE.md", help="the markdown file written")
-    opts = parser.parse_args(argv)
+    return parser.parse_args(argv), extra
+
+
+def check_script_flags(scripts, extra):
+    """Stop before any run starts where the flags after `--` are not a script's: its own one-line parse error."""
+    sys.path.insert(0, str(ROOT))
+    for script in scripts:
+        importlib.import_module(script).parse_args(extra)
+
+
+def main():
+    opts, extra = parse(sys.argv[1:])
     {"run": lambda: run(opts, extra), "report": lambda: report(opts), "compare": lambda: compare(opts)}[opts.command]()
 
 

@@ -107,7 +107,7 @@ def default_out(quick):
     return here / "quick" if quick else here
 
 
-def main():
+def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a check, not a measurement")
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every configuration (2; quick: 1)")
@@ -115,7 +115,11 @@ def main():
     parser.add_argument("--suite", choices=["speed", "options"], default="speed",
                         help="speed: the speed options at default sizes (RESULTS.md); options: V-trace, prioritised "
                         "sampling and RND against plain PPO at 16 envs (OPTIONS.md)")  # fmt: skip
-    opts = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main():
+    opts = parse()
     opts.out = opts.out or default_out(opts.quick)
     reps = opts.reps or (1 if opts.quick else 2)
     configs = CONFIGS if opts.suite == "speed" else OPTION_CONFIGS

@@ -1,0 +1,65 @@
+"""Every command the README and the files' docstrings show runs as written: each script and benchmark accepts its
+flags. The commands are parsed, not run: a flag a script lacks stops its parser, which is what a reader would hit."""
+
+import ast
+import re
+import shlex
+import sys
+
+import pytest
+from conftest import ROOT, load_script
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
+DOCUMENTED = ["README.md", *(f"{name}.py" for name in SCRIPTS), "benchmarks/learning.py", "benchmarks/throughput.py"]
+
+
+def commands(path):
+    """The shell commands in a Markdown file's bash blocks, or in a Python file's docstring (from `python` on)."""
+    text = (ROOT / path).read_text()
+    if path.endswith(".md"):
+        lines = "".join(re.findall(r"```bash\n(.*?)```", text, re.S)).replace("\\\n", " ").splitlines()
+    else:
+        docstring = ast.get_docstring(ast.parse(text)).replace("\\\n", " ")
+        lines = [line[line.index("python ") :] for line in docstring.splitlines() if "python " in line]
+    for line in lines:
+        for command in re.split(r"&&|;|&", line):  # one line may chain several
+            tokens = shlex.split(command, comments=True)
+            if any(token.endswith(".py") for token in tokens):
+                yield tokens
+
+
+def check(tokens):
+    """Parse one command's arguments with the parser of the file it runs; a parse error exits (status 2)."""
+    at = next(i for i, token in enumerate(tokens) if token.endswith(".py"))
+    name, argv = tokens[at].removesuffix(".py").removeprefix("benchmarks/"), tokens[at + 1 :]
+    if name in SCRIPTS:
+        load_script(name).parse_args(argv)
+    elif name == "learning":
+        learning = __import__("learning")
+        opts, extra = learning.parse(argv)
+        if opts.command == "run":
+            learning.check_script_flags(opts.scripts, extra)
+    elif name == "throughput":
+        __import__("throughput").parse(argv)
+    else:
+        raise AssertionError(f"no parser known for {tokens[at]}")
+
+
+@pytest.mark.parametrize("path", DOCUMENTED)
+def test_documented_commands_parse(path):
+    found = list(commands(path))
+    assert found, f"no command found in {path}"
+    for tokens in found:
+        try:
+            check(tokens)
+        except SystemExit as exc:
+            pytest.fail(f"{path}: `{shlex.join(tokens)}` stops at the parser (exit {exc.code})")
+
+
+def test_a_flag_the_lean_scripts_lack_is_caught():
+    """The check itself: the README's old learning command passed --env-threads to the lean scripts."""
+    tokens = shlex.split("python benchmarks/learning.py run --scripts ppo_procgen -- --num-envs 16 --env-threads 1")
+    with pytest.raises(SystemExit):
+        check(tokens)
+    check(tokens[:-2])  # without it, the same command parses
