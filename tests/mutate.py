@@ -1,0 +1,119 @@
+"""Mutation check: one-line mistakes in the lean scripts, each applied alone to a copy of the repository, must each make
+the fast tests fail. Not part of the suite (it runs the tests once per mistake); run it after changing the scripts or
+the tests:
+
+    python tests/mutate.py              # every mistake; about 25 minutes on 2 CPU cores
+    python tests/mutate.py -k kl        # the mistakes whose description contains "kl"
+
+It prints one line per mistake, killed or survived, and exits 1 if any survived (or if the unchanged copy fails).
+"""
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST_TESTS = ["tests/test_math.py", "tests/test_ppg.py", "tests/test_loop.py"]
+# the tests of one lean script: those of the other scripts are left out, the tiers tested elsewhere
+ONLY = {"ppo_procgen.py": "not ppg and not full", "ppg_procgen.py": "not ppo_procgen and not full"}
+
+PPO, PPG = "ppo_procgen.py", "ppg_procgen.py"
+# (file, the line's text as it is, the mistake, what it breaks); the text must occur once in the file
+MUTANTS = [
+    (PPO, "loss = pg_loss - args.ent_coef * entropy_loss", "loss = pg_loss + args.ent_coef * entropy_loss",
+     "entropy bonus with its sign flipped"),
+    (PPO, "loss = pg_loss - args.ent_coef", "loss = -pg_loss - args.ent_coef", "policy loss with its sign flipped"),
+    (PPO, "+ v_loss * args.vf_coef", "- v_loss * args.vf_coef", "value loss with its sign flipped"),
+    (PPO, "+ v_loss * args.vf_coef", "+ v_loss * 0", "value loss weighted by zero"),
+    (PPO, "logratio = newlogprob - b_logprobs[mb_inds]", "logratio = b_logprobs[mb_inds] - newlogprob",
+     "ratio inverted"),
+    (PPO, "                optimizer.zero_grad()\n", "                pass\n", "zero_grad removed"),
+    (PPO, "next_value = agent.get_value(next_obs)", "next_value = agent.get_value(obs[-1])",
+     "bootstrap value on the last stored observation, not the one after it"),
+    (PPO, "dones[step] = next_done", "dones[step] = 0", "episode ends dropped from the stored batch"),
+    (PPO, "dones[step] = next_done", "dones[step - 1] = next_done", "episode ends shifted one step earlier"),
+    (PPO, "rewards[step] = torch.as_tensor", "rewards[step - 1] = torch.as_tensor",
+     "rewards shifted one step earlier than their observations"),
+    (PPO, "obs[step] = next_obs", "obs[step - 1] = next_obs", "observations shifted one step against the actions"),
+    (PPO, "clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef)",
+     "clipped_policy_loss(logratio, -b_advantages[mb_inds], args.clip_coef)", "advantages with their sign reversed"),
+    (PPO, "clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef)",
+     "clipped_policy_loss(logratio, b_advantages[mb_inds], 1e9)", "clip range ignored"),
+    (PPO, "b_returns[mb_inds], args.clip_range_vf)", "b_values[mb_inds], args.clip_range_vf)",
+     "value loss toward the old values, not the returns"),
+    (PPO, "b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)", "b_advantages = b_advantages - b_mean",
+     "advantages centred but not scaled"),
+    (PPO, "video_dir, num_levels=0, **game)", "video_dir, num_levels=args.num_levels, **game)",
+     "test envs on the training levels"),
+    (PPO, "values[step] = value.flatten()", "values[step] = value.flatten().roll(1)",
+     "values stored against another env's observation"),
+    (PPG, "kl_loss = policy_kl(m_logits, new_pi.logits)", "kl_loss = policy_kl(new_pi.logits, m_logits)",
+     "PPG: KL in the reverse direction"),
+    (PPG, "args.beta_clone * kl_loss", "0 * kl_loss", "PPG: KL term weighted by zero"),
+    (PPG, "m_returns = aux_returns[:, mb_inds].reshape(-1)", "m_returns = aux_returns[:, mb_inds].flip(1).reshape(-1)",
+     "PPG: auxiliary targets misaligned with their observations"),
+    (PPG, "aux_returns[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = returns",
+     "aux_returns[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = values",
+     "PPG: the buffer stores values in place of returns"),
+    (PPG, "slot = (iteration - 1) % args.n_iteration", "slot = 0", "PPG: every iteration overwrites the first slot"),
+    (PPG, "loss + pg_loss - args.ent_coef * entropy_loss", "loss + pg_loss + args.ent_coef * entropy_loss",
+     "PPG: entropy bonus with its sign flipped"),
+    (PPG, "logratio = newlogprob - b_logprobs[mb_inds]", "logratio = b_logprobs[mb_inds] - newlogprob",
+     "PPG: ratio inverted"),
+    (PPG, "                optimizer.zero_grad()\n                loss.backward()",
+     "                loss.backward()", "PPG: zero_grad removed from the policy phase"),
+    (PPG, "video_dir, num_levels=0, **game)", "video_dir, num_levels=args.num_levels, **game)",
+     "PPG: test envs on the training levels"),
+    (PPG, "loss = loss + v_loss * args.vf_coef", "loss = loss + v_loss * 0", "PPG: value loss weighted by zero"),
+]  # fmt: skip
+
+
+def run_tests(copy, only):
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *FAST_TESTS, "-k", only]
+    return subprocess.run(cmd, cwd=copy, capture_output=True, text=True)
+
+
+def fresh_copy(into):
+    for name in ("ppo_procgen.py", "ppg_procgen.py", "ppo_procgen_full.py", "ppg_procgen_full.py", "pyproject.toml"):
+        shutil.copy(ROOT / name, into / name)
+    shutil.copytree(ROOT / "tests", into / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-k", default="", help="only the mistakes whose description contains this text")
+    opts = parser.parse_args()
+    chosen = [m for m in MUTANTS if opts.k.lower() in m[3].lower()]
+    started, survived = time.time(), []
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp)
+        fresh_copy(copy)
+        for file, only in ONLY.items():  # the unchanged copy passes, or no mistake could be told from it
+            proc = run_tests(copy, only)
+            if proc.returncode != 0:
+                sys.exit(f"the unchanged {file} fails its fast tests:\n{proc.stdout[-2000:]}")
+        for file, old, new, what in chosen:
+            source = (ROOT / file).read_text()
+            if source.count(old) != 1:
+                sys.exit(f"{what}: the line `{old.strip()}` is not in {file} exactly once; update the list")
+            (copy / file).write_text(source.replace(old, new))
+            begun = time.time()
+            proc = run_tests(copy, ONLY[file])
+            (copy / file).write_text(source)
+            killed = proc.returncode == 1  # a test failed; 0 is a survivor, anything else an error of the run
+            failed = [line.split(" ")[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+            status = "killed" if killed else ("SURVIVED" if proc.returncode == 0 else f"error {proc.returncode}")
+            print(f"{status:8}  {file:14}  {what}  ({time.time() - begun:.0f}s{', by ' + failed[0] if failed else ''})",
+                  flush=True)  # fmt: skip
+            if not killed:
+                survived.append(what)
+    print(f"{len(chosen) - len(survived)} of {len(chosen)} killed in {(time.time() - started) / 60:.1f} min")
+    sys.exit(1 if survived else 0)
+
+
+if __name__ == "__main__":
+    main()
