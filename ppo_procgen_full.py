@@ -278,10 +278,24 @@ def check_args(args: Args) -> None:
             if not (finite and ok(value, args)):
                 arg_error(flag, rule if finite else "must be a finite number", value)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = auto if args.device == "auto" else args.device
+    # ── torchrun [30]: a process's `cuda` is its local rank's GPU, set before anything touches a GPU ──
+    local_rank = int(os.environ.get("LOCAL_RANK", "-1"))
+    if local_rank >= 0 and device.startswith("cuda") and torch.cuda.is_available():
+        if device != "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every process on one GPU
+            arg_error("device", "under torchrun each process takes its local rank's GPU: --device cuda", args.device)
+        if local_rank >= torch.cuda.device_count():
+            arg_error("device", f"LOCAL_RANK {local_rank} has no GPU: {torch.cuda.device_count()} visible; run at most "
+                      "that many processes per node, or --device cpu", args.device)  # fmt: skip
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"
+    # ── end torchrun ──
     try:  # the device must work on this machine and in this torch build
-        args.device = str(torch.zeros(0, device=auto if args.device == "auto" else args.device).device)
+        args.device = str(torch.zeros(0, device=device).device)
     except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
         arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", args.device)
+    if args.backend == "nccl" and not args.device.startswith("cuda"):  # [30] NCCL reduces GPU tensors only
+        arg_error("backend", f"reduces GPU tensors: needs a CUDA --device, not {args.device} (gloo on CPU)", "nccl")
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -759,17 +773,18 @@ def set_env_state(envs, state):
     env.video_episode = state["video_episode"]
 
 
-def rng_state():
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+def rng_state(device):
+    """The random states, the GPU's of this process alone: a resume may see other GPUs, or fewer."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
 
 
-def set_rng_state(state):
+def set_rng_state(state, device):
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if state["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def save_checkpoint(run_dir, name, state, keep=None):
@@ -936,9 +951,6 @@ def evaluate_saved(args: Args):
 
 def train(args: Args):
     given = dataclasses.asdict(args)  # the flags as given: checkpoints keep them, `--resume` makes them the defaults
-    # ── torchrun [30]: a process's `cuda` is the GPU of its local rank, from the device check on ──
-    if "LOCAL_RANK" in os.environ and torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     check_args(args)
     if args.tune_malloc:
         tune_malloc()
@@ -1024,9 +1036,9 @@ def train(args: Args):
     if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
         load_weights(agent, args.init_model, "init-model")
     # ── bf16 autocast [31] ──
-    if args.autocast == "bf16":
+    if args.autocast == "bf16":  # the encoders alone: bf16 heads would round logits and values before the ratio
         for name, module in agent.named_children():
-            if name != "rnd":
+            if name in ("network", "value_network"):
                 autocast_bf16(module)
     agent = agent.to(device)
     # ── torchrun [30]: the same starting weights everywhere, but each process samples its own actions ──
@@ -1059,7 +1071,7 @@ def train(args: Args):
         if args.eval_interval > 0 and mine["test_envs"] is not None:
             set_env_state(test_envs, mine["test_envs"])
             test_obs = mine["test_obs"].to(device)
-        set_rng_state(mine["rng"])
+        set_rng_state(mine["rng"], device)
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
         print(f"resumed from {resume_path}: iteration {ckpt['iteration']}, step {global_step}", flush=True)
         recent_returns.extend(ckpt.get("recent_returns", []))  # the console's averages go on as if never stopped
@@ -1253,7 +1265,8 @@ def train(args: Args):
         signum = int(rank_reduce([stop.signum or 0], args.world_size, mean=False)[0])  # any process's signal stops all
         if (args.checkpoint_interval and iteration % args.checkpoint_interval == 0) or signum:
             mine = {
-                "rng": rng_state(), "envs": env_state(envs), "next_obs": next_obs.cpu(), "next_done": next_done.cpu(),
+                "rng": rng_state(device), "envs": env_state(envs),
+                "next_obs": next_obs.cpu(), "next_done": next_done.cpu(),
                 "test_envs": env_state(test_envs) if args.eval_interval > 0 else None,
                 "test_obs": test_obs.cpu() if args.eval_interval > 0 else None,
             }  # fmt: skip

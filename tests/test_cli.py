@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import tyro
 from conftest import (
     ROOT,
@@ -42,7 +43,7 @@ BAD_INPUTS = [
     (["--capture-video", "--eval-interval", "0"], "--capture-video"),
     (["--distribution-mode", "memory"], "--distribution-mode"),
     (["--gamma", "nan"], "--gamma"),
-    (["--device", "cuda:7"], "--device"),
+    (["--device", f"cuda:{torch.cuda.device_count()}"], "--device"),  # one past the GPUs this machine has
 ]
 # the flags of the full files' features
 FULL_BAD_INPUTS = [

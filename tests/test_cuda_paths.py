@@ -1,0 +1,111 @@
+"""The CUDA paths that a CPU can exercise: which GPU a torchrun process takes, the flag combinations that would reach
+NCCL wrong, the random state a checkpoint keeps, and what bf16 autocast covers. torch's CUDA queries are stood in for
+where a GPU would answer them."""
+
+import pytest
+import torch
+from conftest import load_script, read_scalars, smoke_args
+
+FULL = ["ppo_procgen_full", "ppg_procgen_full"]
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Pretend that CUDA is there with `count` GPUs; record what asks for a GPU by index."""
+    asked = []
+
+    def with_count(count):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "set_device", lambda index: asked.append(index))
+        return asked
+
+    return with_count
+
+
+def torchrun_env(monkeypatch, local_rank, world_size):
+    for key, value in (("LOCAL_RANK", local_rank), ("RANK", local_rank), ("WORLD_SIZE", world_size)):
+        monkeypatch.setenv(key, str(value))
+
+
+@pytest.mark.parametrize("name", FULL)
+def test_a_cpu_process_under_torchrun_asks_for_no_gpu(name, gpus, monkeypatch, tmp_path, capsys):
+    """Two CPU processes on a one-GPU machine: rank 1 must not ask for GPU 1. Through `train()`, which stops at the
+    evaluation of a checkpoint that is not there, after the device is settled."""
+    asked = gpus(1)
+    torchrun_env(monkeypatch, 1, 1)
+    monkeypatch.chdir(tmp_path)
+    script = load_script(name)
+    with pytest.raises(SystemExit):
+        script.train(script.parse_args([*smoke_args(name), "--device", "cpu", "--eval-only", "missing.pt"]))
+    assert asked == [] and "--eval-only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", FULL)
+@pytest.mark.parametrize(
+    "local_rank,world_size,flags,message",
+    [
+        (1, 2, ["--device", "auto"], "LOCAL_RANK 1 has no GPU: 1 visible"),
+        (0, 2, ["--device", "cuda:0"], "each process takes its local rank's GPU: --device cuda"),
+        (None, None, ["--device", "cpu", "--backend", "nccl"], "--backend nccl: reduces GPU tensors"),
+    ],
+)
+def test_gpu_flag_combinations_that_would_go_wrong_are_one_line(
+    name, local_rank, world_size, flags, message, gpus, monkeypatch, capsys
+):
+    asked = gpus(1)
+    if local_rank is not None:
+        torchrun_env(monkeypatch, local_rank, world_size)
+    script = load_script(name)
+    with pytest.raises(SystemExit) as stop:
+        script.check_args(script.parse_args([*smoke_args(name), *flags]))
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(lines) == 1 and message in lines[0], lines
+    assert asked == []  # refused before any GPU was set
+
+
+@pytest.mark.parametrize("name", FULL)
+def test_a_torchrun_process_takes_its_local_rank_s_gpu(name, gpus, monkeypatch):
+    asked = gpus(2)
+    torchrun_env(monkeypatch, 1, 2)
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: type("T", (), {"device": device})())
+    script = load_script(name)
+    args = script.parse_args([*smoke_args(name), "--device", "cuda"])
+    script.check_args(args)
+    assert asked == [1] and args.device == "cuda:1"
+
+
+@pytest.mark.parametrize("name", FULL)
+def test_checkpoints_keep_the_random_state_of_this_process_s_gpu_alone(name, monkeypatch):
+    script, used = load_script(name), []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: used.append("all") or [torch.zeros(1)] * 8)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: used.append(("get", device)) or torch.ones(1))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: used.append("set all"))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: used.append(("set", device)))
+    assert script.rng_state(torch.device("cpu"))["cuda"] is None  # a CPU run keeps no GPU state
+    gpu = torch.device("cuda:3")
+    state = script.rng_state(gpu)
+    script.set_rng_state(state, torch.device("cuda:0"))  # resumed where that GPU is the first
+    script.set_rng_state(state, torch.device("cpu"))  # or on a machine with none
+    assert used == [("get", gpu), ("set", torch.device("cuda:0"))]
+
+
+@pytest.mark.parametrize("name", FULL)
+def test_bf16_autocast_covers_the_encoders_alone(name, tmp_path, monkeypatch):
+    """The heads run in fp32: bf16 logits and values would be rounded before they are cast back, and could round
+    differently in a batch of the rollout's size and one of the update's. So the first minibatch of the first epoch,
+    on the weights that made the rollout, has a log-ratio of zero."""
+    script, logratios, wrapped = load_script(name), [], []
+    loss, autocast = script.clipped_policy_loss, script.autocast_bf16
+    monkeypatch.setattr(script, "clipped_policy_loss", lambda lr, *a: logratios.append(lr.detach()) or loss(lr, *a))
+    monkeypatch.setattr(script, "autocast_bf16", lambda module: wrapped.append(module) or autocast(module))
+    monkeypatch.chdir(tmp_path)
+    flags = [*smoke_args(name), "--device", "cpu", "--autocast", "bf16", "--eval-interval", "0", "--e-auxiliary", "1"]
+    run_name = script.train(script.parse_args(flags if "ppg" in name else [*flags[:-2], "--total-timesteps", "128"]))
+    encoders = {"network", "value_network"}  # PPG's dual architecture has a second one
+    assert wrapped and all(isinstance(m, torch.nn.Sequential) and len(m) > 2 for m in wrapped)
+    agent = script.Agent(15, 16, "orthogonal", *(["dual"] if "ppg" in name else []))
+    assert len(wrapped) == len([n for n, _ in agent.named_children() if n in encoders])
+    assert logratios[0].abs().max() == 0, logratios[0].abs().max()
+    assert read_scalars(tmp_path / "runs" / run_name)["losses/approx_kl"]
