@@ -177,7 +177,8 @@ class Args:
     """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
     # Checkpoints and evaluation
     checkpoint_interval: int = 0
-    """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on SIGINT/SIGTERM)"""
+    """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on SIGINT/SIGTERM),
+    at the end of the phase where the interval falls: the phase buffer is spent there and left out"""
     keep_checkpoints: int = 3
     """keep this many of the newest checkpoints"""
     resume: str | None = None
@@ -1429,7 +1430,14 @@ def train(args: Args):
 
         # ── checkpoints [25]: at the interval, and when a signal asked to stop ──
         signum = int(rank_reduce([stop.signum or 0], args.world_size, mean=False)[0])  # any process's signal stops all
-        if (args.checkpoint_interval and iteration % args.checkpoint_interval == 0) or signum:
+        # PPG: the interval's checkpoints wait for the phase's end, where the phase buffer (up to 6 GiB) is spent and
+        # left out; only a signal mid-phase writes the phase so far, so as to lose nothing
+        phase_end = iteration % args.n_iteration == 0
+        crossed = (
+            args.checkpoint_interval
+            and iteration // args.checkpoint_interval > (iteration - args.n_iteration) // args.checkpoint_interval
+        )  # a multiple of the interval fell in this phase
+        if (phase_end and crossed) or signum:
             mine = {
                 "rng": rng_state(device), "envs": env_state(envs),
                 "next_obs": next_obs.cpu(), "next_done": next_done.cpu(),
