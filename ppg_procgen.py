@@ -47,7 +47,8 @@ class Args:
     seed: int = 1
     """seed of python, numpy, torch and procgen's level generator: one seed gives one run"""
     torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    """if toggled, GPUs compute as CPUs do: cuDNN's deterministic algorithms, fp32 without TF32, no autotuning;
+    if not, TF32 and cuDNN's autotuner, faster on recent GPUs"""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:N` or `mps`"""
     env_id: str = "starpilot"
@@ -464,6 +465,8 @@ def train(args: Args):
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    torch.backends.cudnn.benchmark = not args.torch_deterministic  # GPUs only: set either way, torch's defaults vary
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not args.torch_deterministic
 
     # env setup: [3] training levels [start_level, start_level + num_levels), held-out test envs on all levels
     game = dict(env_name=args.env_id, distribution_mode=args.distribution_mode)
@@ -483,18 +486,20 @@ def train(args: Args):
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
-    obs = torch.zeros((args.num_steps, envs.num_envs, 64, 64, 3), dtype=torch.uint8).to(device)
-    actions = torch.zeros((args.num_steps, envs.num_envs), dtype=torch.long).to(device)
-    logprobs, rewards, dones, values = (torch.zeros((args.num_steps, envs.num_envs)).to(device) for _ in range(4))
+    obs = torch.zeros((args.num_steps, envs.num_envs, 64, 64, 3), dtype=torch.uint8, device=device)
+    actions = torch.zeros((args.num_steps, envs.num_envs), dtype=torch.long, device=device)
+    logprobs, rewards, dones, values = (torch.zeros((args.num_steps, envs.num_envs), device=device) for _ in range(4))
     # [19] The phase buffer: every observation of a phase, kept as uint8 for the auxiliary phase.
-    aux_obs = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration, 64, 64, 3), dtype=torch.uint8).to(device)
-    aux_returns = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration)).to(device)
+    aux_obs = torch.zeros(
+        (args.num_steps, envs.num_envs * args.n_iteration, 64, 64, 3), dtype=torch.uint8, device=device
+    )
+    aux_returns = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration), device=device)
     print(f"phase buffer: {aux_obs.nbytes / 2**30:.2f} GiB on {device}", flush=True)
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
     next_obs = torch.as_tensor(envs.reset(seed=args.seed)[0], device=device)
-    next_done = torch.zeros(envs.num_envs).to(device)
+    next_done = torch.zeros(envs.num_envs, device=device)
     recent_returns, recent_test_returns = deque(maxlen=100), deque(maxlen=100)  # for the console
     start_time, start_step = time.time(), global_step  # the steps per second count from here
 

@@ -109,3 +109,60 @@ def test_bf16_autocast_covers_the_encoders_alone(name, tmp_path, monkeypatch):
     assert len(wrapped) == len([n for n, _ in agent.named_children() if n in encoders])
     assert logratios[0].abs().max() == 0, logratios[0].abs().max()
     assert read_scalars(tmp_path / "runs" / run_name)["losses/approx_kl"]
+
+
+SCRIPTS = ["ppo_procgen", "ppg_procgen", *FULL]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_buffers_are_made_on_the_device_and_the_gpu_policy_is_set(name, tmp_path, monkeypatch):
+    """The rollout storage (and PPG's phase buffer) is allocated where it lives, never built on the host and copied
+    (6 GiB for PPG's buffer); TF32 and cuDNN's autotuner are set explicitly, off under --torch-deterministic."""
+    from scripted_env import Recorder
+
+    made, zeros = [], torch.zeros
+
+    def recording_zeros(*size, **kwargs):
+        shape = size[0] if len(size) == 1 and isinstance(size[0], tuple) else size
+        made.append((tuple(shape), kwargs.get("device")))
+        return zeros(*size, **kwargs)
+
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    Recorder(script, monkeypatch)
+    monkeypatch.setattr(torch, "zeros", recording_zeros)
+    for flag in ("deterministic", "benchmark", "allow_tf32"):  # put back as they were, after the test
+        monkeypatch.setattr(torch.backends.cudnn, flag, getattr(torch.backends.cudnn, flag))
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
+    for deterministic in (True, False):
+        made.clear()
+        flag = "--torch-deterministic" if deterministic else "--no-torch-deterministic"
+        script.train(script.parse_args([*smoke_args(name), "--device", "cpu", "--eval-interval", "0", flag]))
+        buffers = [device for shape, device in made if len(shape) >= 2 and shape[0] == 32]  # (num_steps, ...)
+        assert len(buffers) >= 6 and all(device == torch.device("cpu") for device in buffers), made
+        assert torch.backends.cudnn.deterministic is deterministic
+        assert torch.backends.cudnn.benchmark is not deterministic
+        assert torch.backends.cudnn.allow_tf32 is not deterministic
+        assert torch.backends.cuda.matmul.allow_tf32 is not deterministic
+
+
+@pytest.mark.parametrize("name", FULL)
+def test_actions_are_drawn_without_multinomial_and_as_before(name, monkeypatch):
+    """The full files draw actions without torch.multinomial (whose checks wait for the GPU), and draw the same
+    actions as `Categorical.sample()`, seed for seed."""
+    script = load_script(name)
+    agent = script.Agent(15, 32, "orthogonal", *(["dual"] if "ppg" in name else []))
+    with torch.no_grad():
+        agent.actor.bias.copy_(torch.linspace(-2, 2, 15))  # a policy far from uniform
+    obs = torch.randint(0, 256, (64, 64, 64, 3), dtype=torch.uint8)
+    with torch.no_grad():
+        logits = agent.actor(agent.network(obs.permute(0, 3, 1, 2) / 255.0))
+    multinomial, refused = torch.multinomial, lambda *a, **k: pytest.fail("torch.multinomial was called")
+    for seed in range(5):
+        monkeypatch.setattr(torch, "multinomial", refused)
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            drawn = agent.get_action_and_value(obs)[0]
+        monkeypatch.setattr(torch, "multinomial", multinomial)
+        torch.manual_seed(seed)
+        assert torch.equal(drawn, torch.distributions.Categorical(logits=logits).sample())
