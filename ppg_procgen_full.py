@@ -565,11 +565,13 @@ def rnd_cnn(out_layers):
 
 
 class RND(nn.Module):
-    """Target and predictor networks, and the running statistics RND normalises with (saved with the weights)."""
+    """Target and predictor networks, and the running statistics RND normalises with (saved with the weights). Under
+    torchrun the statistics are global: each update merges every process's batch, so that all processes hold the same
+    statistics, and rank 0's checkpoint is every process's; the running return per env stays each process's own."""
 
-    def __init__(self, num_envs, gamma):
+    def __init__(self, num_envs, gamma, world_size=1):
         super().__init__()
-        self.gamma = gamma
+        self.gamma, self.world_size = gamma, world_size
         self.target = rnd_cnn([layer_init(nn.Linear(64 * 4 * 4, 512), np.sqrt(2))]).requires_grad_(False)
         self.predictor = rnd_cnn([
             layer_init(nn.Linear(64 * 4 * 4, 512), np.sqrt(2)), nn.ReLU(),
@@ -584,10 +586,16 @@ class RND(nn.Module):
         self.register_buffer("return_count", torch.tensor(0.0))
         self.register_buffer("intrinsic_return", torch.zeros(num_envs))  # a running, non-episodic return per env
 
-    @staticmethod
-    def merge(mean, var, count, batch):
+    def merge(self, mean, var, count, batch):
         """Update a running mean and variance in place with a batch (Chan et al.'s parallel formula)."""
         b_mean, b_var, b_count = batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
+        if self.world_size > 1:  # [30] the batch of all processes: its mean, then its variance about that mean
+            b_count = b_count * self.world_size
+            dist.all_reduce(b_mean)
+            b_mean /= self.world_size
+            b_var = ((batch - b_mean) ** 2).sum(0)
+            dist.all_reduce(b_var)
+            b_var /= b_count
         delta, total = b_mean - mean, count + b_count
         var.copy_((var * count + b_var * b_count + delta**2 * count * b_count / total) / total)
         mean.add_(delta * b_count / total)
@@ -1176,7 +1184,7 @@ def train(args: Args):
     agent = Agent(envs.single_action_space.n, args.feature_dim, args.init_fn, args.arch, args.hidden_dim)
     # ── RND [33] ──
     if args.intrinsic_coef > 0:
-        agent.rnd = RND(args.local_num_envs, args.gamma)
+        agent.rnd = RND(args.local_num_envs, args.gamma, args.world_size)
     if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
         load_weights(agent, args.init_model, "init-model")
     # ── bf16 autocast [31] ──
@@ -1218,6 +1226,8 @@ def train(args: Args):
         mine = ckpt["ranks"][args.rank]  # what belongs to this process: its envs and random states
         set_env_state(envs, mine["envs"])
         next_obs, next_done = mine["next_obs"].to(device), mine["next_done"].to(device)
+        if mine.get("intrinsic_return") is not None:  # [33] this process's envs' running returns, not rank 0's
+            agent.rnd.intrinsic_return.copy_(mine["intrinsic_return"])
         if args.eval_interval > 0 and mine["test_envs"] is not None:
             set_env_state(test_envs, mine["test_envs"])
             test_obs = mine["test_obs"].to(device)
@@ -1448,6 +1458,7 @@ def train(args: Args):
             mine = {
                 "rng": rng_state(device), "envs": env_state(envs),
                 "next_obs": next_obs.cpu(), "next_done": next_done.cpu(),
+                "intrinsic_return": agent.rnd.intrinsic_return.cpu() if args.intrinsic_coef > 0 else None,  # [33]
                 "test_envs": env_state(test_envs) if args.eval_interval > 0 else None,
                 "test_obs": test_obs.cpu() if args.eval_interval > 0 else None,
                 # [19] inside a phase, the part of the phase buffer filled so far; empty at a phase boundary

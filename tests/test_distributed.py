@@ -57,6 +57,15 @@ def test_two_processes_compute_the_gradient_of_one(tmp_path, name):
     assert rel["local_norm"] > 1e-3 and rel["no_reduce"] > 1e-3, rel  # without either, it differs
 
 
+@pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
+def test_rnd_statistics_are_global_across_processes(tmp_path, name):
+    out = tmp_path / "result.json"
+    proc = torchrun([str(ROOT / "tests" / "ddp_rnd.py"), name, str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rel = json.loads(out.read_text())
+    assert rel["to_reference"] < 1e-5 and rel["between"] == 0, rel  # 2 x 2 envs hold what 1 x 4 envs hold
+
+
 def children(pid):
     found = []
     for entry in os.listdir("/proc"):
