@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 import tyro
-from conftest import ROOT, load_script, read_scalars, smoke_args, unwritable
+from conftest import DEVICES, ROOT, load_script, read_scalars, smoke_args, unwritable
 
 SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
@@ -25,11 +25,12 @@ def after(scalars, step):
     return {tag: [(s, v) for s, v in rows if s > step] for tag, rows in scalars.items()}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch, capsys, name):
+def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch, capsys, name, device):
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
-    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", "cpu"]  # 4 iterations; PPG: 2 phases
+    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", device]  # 4 iterations; PPG: 2 phases
     straight = train(script, [*flags, "--exp-name", "straight"])
     straight_console = capsys.readouterr().out
 

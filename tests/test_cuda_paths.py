@@ -166,3 +166,16 @@ def test_actions_are_drawn_without_multinomial_and_as_before(name, monkeypatch):
         monkeypatch.setattr(torch, "multinomial", multinomial)
         torch.manual_seed(seed)
         assert torch.equal(drawn, torch.distributions.Categorical(logits=logits).sample())
+
+
+def test_a_gpu_the_driver_lists_is_not_skipped_as_absent(monkeypatch):
+    """conftest finds a GPU through nvidia-smi as well as through torch: a torch that cannot use it fails the CUDA
+    runs instead of skipping them."""
+    import conftest
+
+    listing = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)\nGPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n"
+    monkeypatch.setattr(conftest.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
+    monkeypatch.setattr(conftest.subprocess, "run", lambda *a, **k: type("P", (), {"stdout": listing})())
+    assert len(conftest.nvidia_gpus()) == 2
+    monkeypatch.setattr(conftest.shutil, "which", lambda name: None)
+    assert conftest.nvidia_gpus() == []

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 from conftest import AUX_TAGS, ROOT, assert_trained, only_run_dir, read_scalars, smoke_args
 
 # On this machine gloo's connectFullMesh has, twice in about ten launches, been refused on 127.0.0.1 at process-group
@@ -27,15 +28,18 @@ TORCHRUN = [
 
 
 ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}  # the processes meet on the loopback interface
+# gloo on the CPU; NCCL where two GPUs are there for the two processes (one GPU each)
+TWO_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="< 2 GPUs"))]
 
 
 def torchrun(args, cwd, timeout=300):
     return subprocess.run([*TORCHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
+@pytest.mark.parametrize("device", TWO_DEVICES)
 @pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
-def test_two_processes_train_and_stay_in_sync(tmp_path, name):
-    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", "cpu"]  # 4 iterations, 128 steps per env
+def test_two_processes_train_and_stay_in_sync(tmp_path, name, device):
+    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", device]  # 4 iterations, 128 steps per env
     proc = torchrun([str(ROOT / f"{name}.py"), *flags], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     scalars = read_scalars(only_run_dir(tmp_path))

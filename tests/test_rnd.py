@@ -3,7 +3,7 @@
 import pytest
 import torch
 import tyro
-from conftest import load_script, smoke_args
+from conftest import DEVICES, load_script, smoke_args
 
 SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
@@ -26,8 +26,9 @@ def test_predictor_loss_falls_on_repeated_observations():
     assert all(not p.requires_grad for p in rnd.target.parameters())  # the target stays fixed
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_intrinsic_reward_enters_before_gae_in_pretraining(tmp_path, monkeypatch, name):
+def test_intrinsic_reward_enters_before_gae_in_pretraining(tmp_path, monkeypatch, name, device):
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
     step = script.ProcgenVecEnv.step
@@ -53,7 +54,7 @@ def test_intrinsic_reward_enters_before_gae_in_pretraining(tmp_path, monkeypatch
     monkeypatch.setattr(script.ProcgenVecEnv, "step", no_extrinsic_reward)
     monkeypatch.setattr(script, "compute_gae", record_gae)
     monkeypatch.setattr(script.RND, "intrinsic_reward", record_intrinsic)
-    flags = [*smoke_args(name), "--device", "cpu", "--eval-interval", "0", "--pretraining", "--intrinsic-coef", "0.5"]
+    flags = [*smoke_args(name), "--device", device, "--eval-interval", "0", "--pretraining", "--intrinsic-coef", "0.5"]
     script.train(tyro.cli(script.Args, args=flags))
     intrinsic, first = seen[0]["intrinsic"], seen[1]
     # GAE's rewards are exactly the intrinsic ones (times the coefficient): added before GAE, extrinsic dropped
