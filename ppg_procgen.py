@@ -200,18 +200,6 @@ def check_args(args: Args) -> None:
             print(f"{SCRIPT}.py: warning: --{flag.replace('_', '-')} {getattr(args, flag)}: {why}", file=sys.stderr)
 
 
-def parse_args(argv=None, **tyro_kwargs) -> Args:
-    """The command line (or `argv`) as Args; a parse error of tyro's is one line too, with exit status 2."""
-    try:
-        with contextlib.redirect_stderr(io.StringIO()) as box:
-            return tyro.cli(Args, args=argv, **tyro_kwargs)
-    except SystemExit as exc:
-        if exc.code:  # 0 is --help; else keep the box's first paragraph below its title: "Error parsing --seed: ..."
-            paragraph = (re.split("[─-]{3,}", box.getvalue()) + ["", "see --help"])[1].replace("│", " ")
-            exc.code = print(f"{SCRIPT}.py: error:", *paragraph.strip("╮").split(), file=sys.stderr) or 2
-        raise
-
-
 def make_dir(path: str, flag: str) -> str:
     """Create an output directory before any work starts, or stop with one line saying why it cannot be written."""
     try:
@@ -634,4 +622,4 @@ def train(args: Args):
 
 
 if __name__ == "__main__":
-    train(parse_args())
+    train(tyro.cli(Args))

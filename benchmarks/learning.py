@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import tyro
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
@@ -368,7 +369,8 @@ def check_script_flags(scripts, extra):
     """Stop before any run starts where the flags after `--` are not a script's: its own one-line parse error."""
     sys.path.insert(0, str(ROOT))
     for script in scripts:
-        importlib.import_module(script).parse_args(extra)
+        module = importlib.import_module(script)  # the full files' parse_args, or tyro.cli as the lean files call it
+        module.parse_args(extra) if hasattr(module, "parse_args") else tyro.cli(module.Args, args=extra)
 
 
 def main():

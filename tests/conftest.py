@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import tyro
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,6 +48,14 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not GPU, reason=
 
 def smoke_args(name):
     return [*SMOKE_ARGS, *SCRIPT_ARGS[name.removesuffix("_full")]]  # a full file takes its lean file's flags
+
+
+def parse(script, argv, **tyro_kwargs):
+    """Args from `argv` as the script's entry point parses them: the full files' `parse_args` (one-line errors), or
+    tyro.cli in the lean files (tyro's own message for a malformed flag)."""
+    if hasattr(script, "parse_args"):
+        return script.parse_args(argv, **tyro_kwargs)
+    return tyro.cli(script.Args, args=argv, **tyro_kwargs)
 
 
 def load_script(name):

@@ -4,7 +4,7 @@ where a GPU would answer them."""
 
 import pytest
 import torch
-from conftest import load_script, read_scalars, smoke_args
+from conftest import load_script, parse, read_scalars, smoke_args
 
 FULL = ["ppo_procgen_full", "ppg_procgen_full"]
 
@@ -137,7 +137,7 @@ def test_buffers_are_made_on_the_device_and_the_gpu_policy_is_set(name, tmp_path
     for deterministic in (True, False):
         made.clear()
         flag = "--torch-deterministic" if deterministic else "--no-torch-deterministic"
-        script.train(script.parse_args([*smoke_args(name), "--device", "cpu", "--eval-interval", "0", flag]))
+        script.train(parse(script, [*smoke_args(name), "--device", "cpu", "--eval-interval", "0", flag]))
         buffers = [device for shape, device in made if len(shape) >= 2 and shape[0] == 32]  # (num_steps, ...)
         assert len(buffers) >= 6 and all(device == torch.device("cpu") for device in buffers), made
         assert torch.backends.cudnn.deterministic is deterministic

@@ -7,7 +7,7 @@ import shlex
 import sys
 
 import pytest
-from conftest import ROOT, load_script
+from conftest import ROOT, load_script, parse
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
@@ -34,7 +34,7 @@ def check(tokens):
     at = next(i for i, token in enumerate(tokens) if token.endswith(".py"))
     name, argv = tokens[at].removesuffix(".py").removeprefix("benchmarks/"), tokens[at + 1 :]
     if name in SCRIPTS:
-        load_script(name).parse_args(argv)
+        parse(load_script(name), argv)
     elif name == "learning":
         learning = __import__("learning")
         opts, extra = learning.parse(argv)

@@ -5,7 +5,7 @@ has its sign and its weight, a small task is learned, and the held-out protocol 
 import numpy as np
 import pytest
 import torch
-from conftest import load_script, read_scalars
+from conftest import load_script, parse, read_scalars
 from scripted_env import Bandit, Recorder, ids
 
 SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
@@ -27,7 +27,7 @@ def train(name, monkeypatch, tmp_path, flags=(), game=None, patch=None, init=Non
     recorder = Recorder(script, monkeypatch, game, init)
     if patch:
         patch(script)
-    run_name = script.train(script.parse_args([*SMALL, *(PPG if is_ppg(name) else []), *flags, "--exp-name", "loop"]))
+    run_name = script.train(parse(script, [*SMALL, *(PPG if is_ppg(name) else []), *flags, "--exp-name", "loop"]))
     return recorder, read_scalars(tmp_path / "runs" / run_name)
 
 
@@ -358,7 +358,7 @@ def stub_phase(name, beta_clone, monkeypatch):
     """The auxiliary phase of a script over a buffer of 4 steps x 8 rollouts from scripted games, with a StubAgent."""
     script = load_script(name)
     Recorder(script, monkeypatch)
-    args = script.parse_args([*SMALL, *PPG, "--beta-clone", str(beta_clone), "--e-auxiliary", "2"])
+    args = parse(script, [*SMALL, *PPG, "--beta-clone", str(beta_clone), "--e-auxiliary", "2"])
     args.world_size = getattr(args, "world_size", 1)
     games = script.Procgen(8, 0)  # the scripted games that Recorder put in place
     rows = []
