@@ -2,8 +2,10 @@
 the fast tests fail. Not part of the suite (it runs the tests once per mistake); run it after changing the scripts or
 the tests:
 
-    python tests/mutate.py              # every mistake; about 25 minutes on 2 CPU cores
+    python tests/mutate.py              # every mistake against the fast tests
     python tests/mutate.py -k kl        # the mistakes whose description contains "kl"
+    python tests/mutate.py --tests tests/test_math.py tests/test_ppg.py tests/test_env.py tests/test_smoke.py
+                                        # against other tests: here, the suite as it was before test_loop.py
 
 It prints one line per mistake, killed or survived, and exits 1 if any survived (or if the unchanged copy fails).
 """
@@ -18,8 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST_TESTS = ["tests/test_math.py", "tests/test_ppg.py", "tests/test_loop.py"]
-# the tests of one lean script: those of the other scripts are left out, the tiers tested elsewhere
-ONLY = {"ppo_procgen.py": "not ppg and not full", "ppg_procgen.py": "not ppo_procgen and not full"}
+# the tests of one lean script: those of the other scripts and of the full files' options are left out
+OPTIONS = "not full and not vtrace and not prio and not rnd and not bf16 and not python_313"
+ONLY = {"ppo_procgen.py": f"not ppg and {OPTIONS}", "ppg_procgen.py": f"not ppo_procgen and not ppo- and {OPTIONS}"}
 
 PPO, PPG = "ppo_procgen.py", "ppg_procgen.py"
 # (file, the line's text as it is, the mistake, what it breaks); the text must occur once in the file
@@ -72,8 +75,8 @@ MUTANTS = [
 ]  # fmt: skip
 
 
-def run_tests(copy, only):
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *FAST_TESTS, "-k", only]
+def run_tests(copy, only, tests):
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests, "-k", only]
     return subprocess.run(cmd, cwd=copy, capture_output=True, text=True)
 
 
@@ -86,6 +89,7 @@ def fresh_copy(into):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-k", default="", help="only the mistakes whose description contains this text")
+    parser.add_argument("--tests", nargs="+", default=FAST_TESTS, help="the test files to run on each copy")
     opts = parser.parse_args()
     chosen = [m for m in MUTANTS if opts.k.lower() in m[3].lower()]
     started, survived = time.time(), []
@@ -93,7 +97,7 @@ def main():
         copy = Path(tmp)
         fresh_copy(copy)
         for file, only in ONLY.items():  # the unchanged copy passes, or no mistake could be told from it
-            proc = run_tests(copy, only)
+            proc = run_tests(copy, only, opts.tests)
             if proc.returncode != 0:
                 sys.exit(f"the unchanged {file} fails its fast tests:\n{proc.stdout[-2000:]}")
         for file, old, new, what in chosen:
@@ -102,7 +106,7 @@ def main():
                 sys.exit(f"{what}: the line `{old.strip()}` is not in {file} exactly once; update the list")
             (copy / file).write_text(source.replace(old, new))
             begun = time.time()
-            proc = run_tests(copy, ONLY[file])
+            proc = run_tests(copy, ONLY[file], opts.tests)
             (copy / file).write_text(source)
             killed = proc.returncode == 1  # a test failed; 0 is a survivor, anything else an error of the run
             failed = [line.split(" ")[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
