@@ -137,7 +137,8 @@ def test_buffers_are_made_on_the_device_and_the_gpu_policy_is_set(name, tmp_path
     for deterministic in (True, False):
         made.clear()
         flag = "--torch-deterministic" if deterministic else "--no-torch-deterministic"
-        script.train(parse(script, [*smoke_args(name), "--device", "cpu", "--eval-interval", "0", flag]))
+        small = ["--feature-dim", "16", *(["--e-auxiliary", "1"] if "ppg" in name else ["--total-timesteps", "128"])]
+        script.train(parse(script, [*smoke_args(name), *small, "--device", "cpu", "--eval-interval", "0", flag]))
         buffers = [device for shape, device in made if len(shape) >= 2 and shape[0] == 32]  # (num_steps, ...)
         assert len(buffers) >= 6 and all(device == torch.device("cpu") for device in buffers), made
         assert torch.backends.cudnn.deterministic is deterministic
