@@ -154,7 +154,7 @@ def against_reference(seeds, reference, key):
     last = min(logged_steps(s)[-1] for s in seeds)
     at = lambda steps: np.array([np.interp(steps, x, y, left=np.nan, right=np.nan) for x, y in reference])  # noqa: E731
     ours_last = [curve(s[key], [last])[0] for s in seeds]
-    fractions, late_ours, late_ref = [], [], []
+    fractions, above, late_ours, late_ref = [], [], [], []
     for s in seeds:
         steps = logged_steps(s)
         steps = steps[steps <= last]
@@ -162,10 +162,11 @@ def against_reference(seeds, reference, key):
         known = ~np.isnan(ours) & ~np.isnan(ref).any(axis=0)  # a point before any episode, or past the reference
         inside = (ref.min(axis=0) <= ours) & (ours <= ref.max(axis=0))
         fractions.append(inside[known].mean() if known.any() else np.nan)
+        above.append((ours > ref.max(axis=0))[known].mean() if known.any() else np.nan)
         late = known & (steps > 0.9 * last)
         late_ours.append(ours[late].mean() if late.any() else np.nan)
         late_ref.append(ref[:, late].mean() if late.any() else np.nan)
-    return dict(last=int(last), ours=float(np.mean(ours_last)), ref=at([last])[:, 0], fractions=fractions,
+    return dict(last=int(last), ours=float(np.mean(ours_last)), ref=at([last])[:, 0], fractions=fractions, above=above,
                 late_ours=float(np.nanmean(late_ours)), late_ref=float(np.nanmean(late_ref)))  # fmt: skip
 
 
@@ -195,7 +196,8 @@ levels, 64 envs x 256 steps, 3 runs per game; `reference/README.md`), read at ou
 between its logged updates.
 
 - *at the last step*: our mean over seeds, and the three reference runs at the same step, with their range;
-- *points inside*: per seed, the fraction of our logged points that lie inside the reference runs' range. A fourth run
+- *points inside*: per seed, the fraction of our logged points that lie inside the reference runs' range (and above
+  it; the rest lie below). A fourth run
   drawn from the reference's own distribution lies inside the range of three at a given step with probability 1/2,
   so about 50% is what a faithful reproduction gives; far below it, ours differs;
 - *last tenth*: our mean over the logged points in the run's last tenth of steps, against the reference runs' mean
@@ -263,7 +265,7 @@ def report(opts):
         lo, hi = np.nanmin(r["ref"]), np.nanmax(r["ref"])
         inside = "yes" if lo <= r["ours"] <= hi else ("below" if r["ours"] < lo else "above")
         runs = ", ".join(f"{v:.2f}" for v in r["ref"])
-        fractions = ", ".join(f"{f:.0%}" for f in r["fractions"])
+        fractions = ", ".join(f"{f:.0%} ({a:.0%} above)" for f, a in zip(r["fractions"], r["above"], strict=True))
         lines.append(f"| {env_id} | {label} | {key} | {n} | {r['last']:,} | {r['ours']:.2f} | {runs} ({lo:.2f} to "
                      f"{hi:.2f}) | {inside} | {fractions} | {r['late_ours']:.2f} | {r['late_ref']:.2f} |")  # fmt: skip
 

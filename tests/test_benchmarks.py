@@ -73,7 +73,9 @@ def test_against_reference_reads_the_reference_at_our_steps(tmp_path):
     reference = learning.read_reference(tmp_path / "ref.csv.gz")[("starpilot", "train")]
     result = learning.against_reference([seed], reference, "train")
     # the third run reads 1 + 0.2 k at step 100 k: the range's top is max(2, 1 + 0.2 k); ours is inside for k <= 3
-    assert result["fractions"] == [0.3] and result["last"] == 1000 and result["ours"] == 5.5
+    assert (
+        result["fractions"] == [0.3] and result["above"] == [0.7] and result["last"] == 1000 and result["ours"] == 5.5
+    )
     np.testing.assert_allclose(result["ref"], [0.0, 2.0, 3.0])
     assert result["late_ours"] == 5.5 and result["late_ref"] == pytest.approx(5 / 3)  # the last tenth: step 1000 alone
 
@@ -108,7 +110,7 @@ def test_learning_report_from_smoke_runs(tmp_path):
         ["starpilot", algorithm, split, "1", "256"] for split in ("train", "test") for algorithm in ("PPO", "PPG")
     ]
     for r in rows:
-        assert r[6] == "-1000.00, 1000.00, 0.00 (-1000.00 to 1000.00)" and r[7] == "yes" and r[8] == "100%"
+        assert r[6] == "-1000.00, 1000.00, 0.00 (-1000.00 to 1000.00)" and r[7] == "yes" and r[8] == "100% (0% above)"
         assert r[10] == "0.00"
     assert re.search(r"- PPO: starpilot -?\d\.\d{3}", text) and "Random policy on the training levels" in text
     assert (tmp_path / "out" / "learning.png").read_bytes()[:4] == b"\x89PNG"
