@@ -135,8 +135,9 @@ def test_the_update_uses_the_hand_computed_returns_and_advantages(default_run):
     assert seen == dict.fromkeys(expected, epochs)  # every sample once per epoch
 
 
-def test_held_out_protocol_reaches_the_games(tmp_path, monkeypatch):
-    recorder, _ = train("ppo_procgen", monkeypatch, tmp_path, ["--num-levels", "50", "--start-level", "7"])
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_held_out_protocol_reaches_the_games(name, tmp_path, monkeypatch):
+    recorder, _ = train(name, monkeypatch, tmp_path, ["--num-levels", "50", "--start-level", "7"])
     made = type(recorder.train_env).made
     train_env, test_env = made
     assert train_env.kwargs["num_levels"] == 50 and train_env.kwargs["start_level"] == 7
