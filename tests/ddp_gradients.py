@@ -6,22 +6,15 @@ with all 4 envs (normalised over the whole batch, no communication). The data-pa
 one of the two (local normalisation; no all-reduce) and must differ from the reference. Rank 0 writes JSON.
 """
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import tyro
+from ddp_setup import load_and_join
 
-name, out_path = sys.argv[1], sys.argv[2]
-spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / f"{name}.py")
-script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(script)
-
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
+script, out_path, rank, world = load_and_join()
 args = tyro.cli(script.Args, args=["--num-envs", "4", "--num-steps", "8"])
 torch.manual_seed(0)
 agent = script.Agent(15, args.feature_dim, args.init_fn, *([args.arch] if hasattr(args, "arch") else []))

@@ -6,21 +6,14 @@ statistics as the other process (rank 0's checkpoint then fits every process). R
 difference to the reference, and between the processes.
 """
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from ddp_setup import load_and_join
 
-name, out_path = sys.argv[1], sys.argv[2]
-spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / f"{name}.py")
-script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(script)
-
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
+script, out_path, rank, world = load_and_join()
 g = torch.Generator().manual_seed(1)
 T, E = 8, 4
 obs = torch.randint(0, 256, (T, E, 64, 64, 3), dtype=torch.uint8, generator=g)

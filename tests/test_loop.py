@@ -23,6 +23,7 @@ def is_ppg(name):
 def train(name, monkeypatch, tmp_path, flags=(), game=None, patch=None, init=None):
     """Run `train()` of a script on scripted games; returns the Recorder and the logged scalars."""
     script = load_script(name)
+    tmp_path.mkdir(exist_ok=True)  # a run of its own, where a test compares two
     monkeypatch.chdir(tmp_path)
     recorder = Recorder(script, monkeypatch, game, init)
     if patch:
@@ -188,10 +189,10 @@ def test_entropy_bonus_raises_entropy_and_its_weight_acts(name, tmp_path, monkey
     flags = [*epochs_flag(name, 2), "--max-grad-norm", "1e6", "--learning-rate", "1e-3"]
     entropies = {}
     for ent_coef in ("0", "0.5"):
-        run_dir = tmp_path / ent_coef
-        run_dir.mkdir()
         patch, flags_now = zero_advantages(monkeypatch), [*flags, "--ent-coef", ent_coef]
-        recorder, before, after, _ = one_update(name, monkeypatch, run_dir, flags_now, None, patch, skewed_policy)
+        recorder, before, after, _ = one_update(
+            name, monkeypatch, tmp_path / ent_coef, flags_now, None, patch, skewed_policy
+        )
         obs = rollout_obs(recorder)
         with torch.no_grad():
             entropies[ent_coef] = [agent.get_action_and_value(obs)[2].mean().item() for agent in (before, after)]
@@ -226,9 +227,7 @@ def test_each_step_uses_a_fresh_gradient(name, tmp_path, monkeypatch):
 def test_value_moves_toward_the_returns_and_vf_coef_acts(name, tmp_path, monkeypatch):
     errors = {}
     for vf_coef in ("0", "0.5"):
-        run_dir = tmp_path / vf_coef
-        run_dir.mkdir()
-        recorder, before, after, _ = one_update(name, monkeypatch, run_dir, ["--vf-coef", vf_coef])
+        recorder, before, after, _ = one_update(name, monkeypatch, tmp_path / vf_coef, ["--vf-coef", vf_coef])
         returns = recorder.of("compute_gae")[0][1][1].flatten()
         obs = rollout_obs(recorder)
         with torch.no_grad():
@@ -284,10 +283,10 @@ def policy_change(recorder, before, after):
 def test_the_clip_range_bounds_the_policy_update(name, tmp_path, monkeypatch):
     changes = {}
     for clip in ("0.01", "10"):
-        run_dir = tmp_path / clip
-        run_dir.mkdir()
         flags = [*epochs_flag(name, 8), "--learning-rate", "2e-3", "--clip-coef", clip]
-        recorder, before, after, _ = one_update(name, monkeypatch, run_dir, flags, Bandit(), init=two_likely_actions)
+        recorder, before, after, _ = one_update(
+            name, monkeypatch, tmp_path / clip, flags, Bandit(), init=two_likely_actions
+        )
         changes[clip] = policy_change(recorder, before, after)
     assert changes["0.01"] < 0.5 * changes["10"], changes
 
