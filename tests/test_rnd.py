@@ -90,3 +90,22 @@ def test_init_model_loads_a_pretrained_model(tmp_path, monkeypatch, capsys, name
         script.train(tyro.cli(script.Args, args=[*base, "--feature-dim", "64", "--init-model", str(pretrained_path)]))
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and "--init-model" in err[0] and "do not fit" in err[0], err
+
+
+def test_a_resume_gives_each_process_its_own_running_intrinsic_returns(tmp_path, monkeypatch):
+    """The model in a checkpoint is rank 0's, its running intrinsic return per env too; each process's own goes into
+    its part of the checkpoint and comes back from there. Here a one-process checkpoint whose part says 7."""
+    script = load_script("ppo_procgen_full")
+    monkeypatch.chdir(tmp_path)
+    flags = [*smoke_args("ppo_procgen_full"), "--device", "cpu", "--eval-interval", "0", "--intrinsic-coef", "0.5"]
+    run = script.train(tyro.cli(script.Args, args=[*flags, "--total-timesteps", "128", "--checkpoint-interval", "1"]))
+    path = tmp_path / "runs" / run / "checkpoints" / "iter_00000001.pt"
+    ckpt = torch.load(path, weights_only=False)
+    assert torch.equal(ckpt["ranks"][0]["intrinsic_return"], ckpt["model"]["rnd.intrinsic_return"])
+    ckpt["ranks"][0]["intrinsic_return"] = torch.full_like(ckpt["ranks"][0]["intrinsic_return"], 7.0)
+    torch.save(ckpt, path)
+    seen, reward = [], script.RND.intrinsic_reward
+    monkeypatch.setattr(script.RND, "intrinsic_reward", lambda self, *a: seen.append(self.intrinsic_return.clone())
+                        or reward(self, *a))  # fmt: skip
+    script.train(tyro.cli(script.Args, args=[*flags, "--total-timesteps", "256", "--resume", str(path)]))
+    assert len(seen) == 1 and torch.equal(seen[0], torch.full_like(seen[0], 7.0))
