@@ -588,14 +588,15 @@ class RND(nn.Module):
 
     def merge(self, mean, var, count, batch):
         """Update a running mean and variance in place with a batch (Chan et al.'s parallel formula)."""
-        b_mean, b_var, b_count = batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
+        b_mean, b_count = batch.mean(0), batch.shape[0] * self.world_size
         if self.world_size > 1:  # [30] the batch of all processes: its mean, then its variance about that mean
-            b_count = b_count * self.world_size
             dist.all_reduce(b_mean)
             b_mean /= self.world_size
             b_var = ((batch - b_mean) ** 2).sum(0)
             dist.all_reduce(b_var)
             b_var /= b_count
+        else:
+            b_var = batch.var(0, unbiased=False)
         delta, total = b_mean - mean, count + b_count
         var.copy_((var * count + b_var * b_count + delta**2 * count * b_count / total) / total)
         mean.add_(delta * b_count / total)

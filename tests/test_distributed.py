@@ -36,6 +36,14 @@ def torchrun(args, cwd, timeout=300):
     return subprocess.run([*TORCHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
+def torchrun_check(check, name, tmp_path):
+    """Run a check of tests/ (ddp_*.py) on a script under torchrun; rank 0's JSON result."""
+    out = tmp_path / "result.json"
+    proc = torchrun([str(ROOT / "tests" / check), name, str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 @pytest.mark.parametrize("device", TWO_DEVICES)
 @pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
 def test_two_processes_train_and_stay_in_sync(tmp_path, name, device):
@@ -53,20 +61,14 @@ def test_two_processes_train_and_stay_in_sync(tmp_path, name, device):
 
 @pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
 def test_two_processes_compute_the_gradient_of_one(tmp_path, name):
-    out = tmp_path / "result.json"
-    proc = torchrun([str(ROOT / "tests" / "ddp_gradients.py"), name, str(out)], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rel = json.loads(out.read_text())
+    rel = torchrun_check("ddp_gradients.py", name, tmp_path)
     assert rel["data_parallel"] < 1e-5, rel  # 2 x 2 envs, global normalisation, all-reduce == 1 x 4 envs
     assert rel["local_norm"] > 1e-3 and rel["no_reduce"] > 1e-3, rel  # without either, it differs
 
 
 @pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
 def test_rnd_statistics_are_global_across_processes(tmp_path, name):
-    out = tmp_path / "result.json"
-    proc = torchrun([str(ROOT / "tests" / "ddp_rnd.py"), name, str(out)], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rel = json.loads(out.read_text())
+    rel = torchrun_check("ddp_rnd.py", name, tmp_path)
     assert rel["to_reference"] < 1e-5 and rel["between"] == 0, rel  # 2 x 2 envs hold what 1 x 4 envs hold
 
 
