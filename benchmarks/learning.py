@@ -93,7 +93,7 @@ def run(opts, extra):
 
 
 def read_runs(runs_dirs):
-    """{(env_id, script): [per seed: {"steps": n, "logged": [step], "train": [(step, r)], "test": [(step, r)]}]}"""
+    """{(env_id, script): [per seed: {"logged": [step], "train": [(step, r)], "test": [(step, r)]}]}"""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     found = {}
@@ -109,7 +109,6 @@ def read_runs(runs_dirs):
         series = {key: [(e.step, e.value) for e in acc.Scalars(f"charts/{tag}")] if f"charts/{tag}" in tags else []
                   for key, tag in (("train", "episodic_return"), ("test", "test_episodic_return"))}  # fmt: skip
         series["logged"] = [e.step for e in acc.Scalars("charts/SPS")] if "charts/SPS" in tags else []  # iterations
-        series["steps"] = max(series["logged"], default=0)
         found.setdefault((m.group(1), m.group(2)), []).append(series)
     return found
 
@@ -123,10 +122,6 @@ def curve(episodes, grid, window=100):
         done = returns[steps <= g]
         out.append(done[-window:].mean() if len(done) else np.nan)
     return np.array(out)
-
-
-def last_mean(episodes, window=100):
-    return float(np.mean([r for _, r in episodes[-window:]])) if episodes else float("nan")
 
 
 def read_reference(path=REFERENCE):

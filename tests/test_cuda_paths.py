@@ -5,8 +5,10 @@ where a GPU would answer them."""
 import pytest
 import torch
 from conftest import load_script, parse, read_scalars, smoke_args
+from scripted_env import Recorder
 
 FULL = ["ppo_procgen_full", "ppg_procgen_full"]
+SCRIPTS = ["ppo_procgen", "ppg_procgen", *FULL]
 
 
 @pytest.fixture
@@ -111,15 +113,10 @@ def test_bf16_autocast_covers_the_encoders_alone(name, tmp_path, monkeypatch):
     assert read_scalars(tmp_path / "runs" / run_name)["losses/approx_kl"]
 
 
-SCRIPTS = ["ppo_procgen", "ppg_procgen", *FULL]
-
-
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_buffers_are_made_on_the_device_and_the_gpu_policy_is_set(name, tmp_path, monkeypatch):
     """The rollout storage (and PPG's phase buffer) is allocated where it lives, never built on the host and copied
     (6 GiB for PPG's buffer); TF32 and cuDNN's autotuner are set explicitly, off under --torch-deterministic."""
-    from scripted_env import Recorder
-
     made, zeros = [], torch.zeros
 
     def recording_zeros(*size, **kwargs):

@@ -2,6 +2,8 @@
 lines up with the transitions it came from, the update uses the returns a hand computation gives, every loss term
 has its sign and its weight, a small task is learned, and the held-out protocol reaches the games' arguments."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -39,10 +41,15 @@ def default_run(request, tmp_path_factory):
         return request.param, *train(request.param, monkeypatch, tmp_path_factory.mktemp(request.param))
 
 
+def training_acts(recorder):
+    """The rollout's calls of the agent on the training envs (instance 0, not the test envs): (obs, its outputs)."""
+    return [(x, out) for kind, x, out in recorder.calls if kind == "act" and ids(x)[0][0] == 0]
+
+
 def rollouts(recorder):
     """Per iteration: the (env, step) ids of the observations acted on, (num_steps, num_envs) each, and what the
     agent returned on them (action, logprob, entropy, value)."""
-    acts = [(x, out) for kind, x, out in recorder.calls if kind == "act" and ids(x)[0][0] == 0]  # training envs
+    acts = training_acts(recorder)
     out = []
     for start in range(0, len(acts), NUM_STEPS):
         chunk = acts[start : start + NUM_STEPS]
@@ -156,14 +163,22 @@ def policy_after_update(recorder, name):
 
 
 def rollout_obs(recorder):
-    return torch.cat([x for kind, x, _ in recorder.calls if kind == "act" and ids(x)[0][0] == 0])
+    return torch.cat([x for x, _ in training_acts(recorder)])
+
+
+def logprob_change(recorder, before, after):
+    """Per rollout sample: log pi_after(a_t | o_t) - log pi_before(a_t | o_t), for the action the rollout took."""
+    actions = torch.cat([out[0] for _, out in training_acts(recorder)])
+    with torch.no_grad():
+        old, new = (agent.get_action_and_value(rollout_obs(recorder), actions)[1] for agent in (before, after))
+    return new - old
 
 
 def one_update(name, monkeypatch, tmp_path, flags=(), game=None, patch=None, init=None):
     """One iteration (PPG: one phase of one iteration), then the policies before and after its policy update."""
     size = ["--total-timesteps", str(NUM_ENVS * NUM_STEPS), *(["--n-iteration", "1"] if is_ppg(name) else [])]
     recorder, scalars = train(name, monkeypatch, tmp_path, [*size, *flags], game, patch, init)
-    before = __import__("copy").deepcopy(recorder.agents[0])
+    before = copy.deepcopy(recorder.agents[0])
     before.load_state_dict(recorder.agents[0].initial)
     return recorder, before, policy_after_update(recorder, name), scalars
 
@@ -246,14 +261,6 @@ def two_likely_actions(agent):
         agent.actor.bias.copy_(torch.tensor([2.0, 2.0] + [0.0] * (agent.actor.bias.numel() - 2)))
 
 
-def paying_probability(agent, obs, game):
-    _, env_ids, steps = ids(obs)
-    pays = torch.tensor([0 if game.bright(int(i), int(c)) else 1 for i, c in zip(env_ids, steps, strict=True)])
-    with torch.no_grad():
-        _, logprob, _, _ = agent.get_action_and_value(obs, pays)
-    return logprob.exp().mean().item()
-
-
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_policy_moves_toward_actions_with_positive_advantages(name, tmp_path, monkeypatch):
     """The surrogate's first-order change, the mean of A_t (log pi_new - log pi_old)(a_t | o_t) over the batch, is
@@ -264,19 +271,7 @@ def test_policy_moves_toward_actions_with_positive_advantages(name, tmp_path, mo
     advantages = recorder.of("compute_gae")[0][1][0].flatten()
     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     assert advantages.abs().max() > 0.5  # the rewards made a difference between the actions
-    obs = rollout_obs(recorder)
-    actions = torch.cat([out[0] for kind, x, out in recorder.calls if kind == "act" and ids(x)[0][0] == 0])
-    with torch.no_grad():
-        old, new = (agent.get_action_and_value(obs, actions)[1] for agent in (before, after))
-    assert (advantages * (new - old)).mean() > 0
-
-
-def policy_change(recorder, before, after):
-    obs = rollout_obs(recorder)
-    actions = torch.cat([out[0] for kind, x, out in recorder.calls if kind == "act" and ids(x)[0][0] == 0])
-    with torch.no_grad():
-        old, new = (agent.get_action_and_value(obs, actions)[1] for agent in (before, after))
-    return (new - old).abs().mean().item()
+    assert (advantages * logprob_change(recorder, before, after)).mean() > 0
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -287,7 +282,7 @@ def test_the_clip_range_bounds_the_policy_update(name, tmp_path, monkeypatch):
         recorder, before, after, _ = one_update(
             name, monkeypatch, tmp_path / clip, flags, Bandit(), init=two_likely_actions
         )
-        changes[clip] = policy_change(recorder, before, after)
+        changes[clip] = logprob_change(recorder, before, after).abs().mean().item()
     assert changes["0.01"] < 0.5 * changes["10"], changes
 
 

@@ -81,16 +81,8 @@ def test_kl_term():
 def test_learning_rate_anneals_over_the_run_not_per_phase(tmp_path, monkeypatch):
     ppg = load_script("ppg_procgen")
     monkeypatch.chdir(tmp_path)
-    flags = [
-        *smoke_args("ppg_procgen"),
-        "--total-timesteps",
-        "512",
-        "--anneal-lr",
-        "--eval-interval",
-        "0",
-        "--device",
-        "cpu",
-    ]
+    flags = [*smoke_args("ppg_procgen"), "--total-timesteps", "512", "--anneal-lr", "--eval-interval", "0",
+             "--device", "cpu"]  # fmt: skip
     run_name = ppg.train(tyro.cli(ppg.Args, args=flags))
     scalars = read_scalars(tmp_path / "runs" / run_name)
     # 4 iterations in 2 phases of 2: one straight line from 5e-4, not restarted at the second phase
