@@ -97,7 +97,8 @@ def test_checkpoints_keep_the_random_state_of_this_process_s_gpu_alone(name, mon
 def test_bf16_autocast_covers_the_encoders_alone(name, tmp_path, monkeypatch):
     """The heads run in fp32: bf16 logits and values would be rounded before they are cast back, and could round
     differently in a batch of the rollout's size and one of the update's. So the first minibatch of the first epoch,
-    on the weights that made the rollout, has a log-ratio of zero."""
+    on the weights that made the rollout, has a log-ratio at fp32's rounding (a bf16 head's is near 1e-3); not
+    exactly zero, since a CPU may block an fp32 product of another batch size differently."""
     script, logratios, wrapped = load_script(name), [], []
     loss, autocast = script.clipped_policy_loss, script.autocast_bf16
     monkeypatch.setattr(script, "clipped_policy_loss", lambda lr, *a: logratios.append(lr.detach()) or loss(lr, *a))
@@ -109,7 +110,7 @@ def test_bf16_autocast_covers_the_encoders_alone(name, tmp_path, monkeypatch):
     assert wrapped and all(isinstance(m, torch.nn.Sequential) and len(m) > 2 for m in wrapped)
     agent = script.Agent(15, 16, "orthogonal", *(["dual"] if "ppg" in name else []))
     assert len(wrapped) == len([n for n, _ in agent.named_children() if n in encoders])
-    assert logratios[0].abs().max() == 0, logratios[0].abs().max()
+    assert logratios[0].abs().max() < 1e-5, logratios[0].abs().max()
     assert read_scalars(tmp_path / "runs" / run_name)["losses/approx_kl"]
 
 
