@@ -5,16 +5,20 @@ V-trace and more. A quick look on a CPU: python ppo_procgen.py --total-timesteps
 
 import contextlib
 import ctypes
-import importlib.util
 import io
 import os
 import random
 import re
+import signal
 import sys
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
+
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+if not (3, 10) <= sys.version_info[:2] <= (3, 13):  # no procgen package is built for another Python (requirements.txt)
+    sys.exit(f"{SCRIPT}.py: error: Python {sys.version.split()[0]} has no procgen package: use Python 3.10 to 3.13")
 
 import gymnasium as gym
 import numpy as np
@@ -31,7 +35,6 @@ with contextlib.redirect_stderr(io.StringIO()):  # the old `gym` that procgen im
     except ImportError:
         from procgen_gym import ProcgenVecEnv as Procgen  # procgen-gym (3.13): the same C++ games
 
-SCRIPT = os.path.basename(__file__)[: -len(".py")]
 PROCGEN_GAMES = ("bigfish bossfight caveflyer chaser climber coinrun dodgeball fruitbot heist jumper leaper maze miner "
                  "ninja plunder starpilot").split()  # fmt: skip
 MODE_GAMES = {"extreme": "chaser dodgeball leaper starpilot", "memory": "caveflyer dodgeball heist jumper maze miner",
@@ -45,8 +48,7 @@ class Args:
     seed: int = 1
     """seed of python, numpy, torch and procgen's level generator: one seed gives one run"""
     torch_deterministic: bool = True
-    """if toggled, GPUs compute as CPUs do: cuDNN's deterministic algorithms, fp32 without TF32, no autotuning;
-    if not, TF32 and cuDNN's autotuner, faster on recent GPUs"""
+    """if toggled, GPUs compute as CPUs do (deterministic cuDNN, fp32 without TF32); if not, faster on recent GPUs"""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:N` or `mps`"""
     env_id: str = "starpilot"
@@ -92,7 +94,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """the target KL divergence threshold: the epochs of an update stop once approx_kl exceeds it"""
+    """the target KL divergence: the update stops after an epoch whose last minibatch's approx_kl exceeds it"""
     norm_reward: bool = True
     """toggles reward normalisation by a running estimate of the discounted return's std"""
     clip_reward: float = 10.0
@@ -100,81 +102,9 @@ class Args:
     feature_dim: int = 256
     """the size of the encoder's output (the dense layer after the IMPALA CNN)"""
     init_fn: Literal["orthogonal", "torch_default", "tf_default", "normed"] = "orthogonal"
-    """orthogonal in every layer (ours); the trunk at PyTorch's default (CleanRL) or TensorFlow's glorot-uniform (the
-    Procgen paper's runs) under orthogonal heads; normed (the PPG paper)"""
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "procgen"
-    """the wandb's project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """if toggled, write videos of test env 0 (episodes 0, 1, 8, 27, ...) to `videos/{run_name}`"""
+    """orthogonal everywhere (ours); a PyTorch-default (CleanRL) or glorot (the Procgen paper) trunk; normed (PPG's)"""
     save_model: bool = False
     """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
-
-
-RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal: its type
-    ("exp_name", "wandb_project_name", "wandb_entity"): ("must not contain /", lambda v, a: "/" not in (v or "")),
-    ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
-    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v)),
-    ("env_id",): (f"must be a Procgen game: {', '.join(PROCGEN_GAMES)}", lambda v, a: v in PROCGEN_GAMES),
-    ("distribution_mode",): ("is not made for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split()),
-    ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
-    ("num_envs", "num_eval_envs", "num_steps", "feature_dim"): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
-    ("total_timesteps",): ("must hold one batch: --num-envs x --num-steps", lambda v, a: v >= a.num_envs * a.num_steps),
-    ("learning_rate",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
-    ("gamma", "gae_lambda"): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
-    ("num_minibatches",): ("must divide --num-envs x --num-steps", lambda v, a: v > 0 == a.num_envs * a.num_steps % v),
-    ("update_epochs", "clip_coef", "max_grad_norm", "clip_reward"): ("must be positive", lambda v, a: v > 0),
-    ("ent_coef", "vf_coef"): ("must be >= 0", lambda v, a: v >= 0),
-    ("clip_range_vf", "target_kl"): ("must be positive, or None: off", lambda v, a: v is None or v > 0),
-    ("track",): ("needs wandb: pip install wandb", lambda v, a: not v or importlib.util.find_spec("wandb")),
-    ("capture_video",): ("records the test env: needs --eval-interval > 0", lambda v, a: not v or a.eval_interval > 0),
-}
-WARNINGS = {  # legal, but almost always a mistake: one line says why, and the run goes on
-    ("total_timesteps",): ("over 1% is not run: only whole iterations run", lambda v, a: v % a.batch_size > v / 100),
-    ("eval_interval",): ("is more than the iterations: the test env never runs", lambda v, a: v > a.num_iterations),
-    ("learning_rate",): ("is far above the 1e-4 to 1e-3 that Adam is used with", lambda v, a: v > 0.01),
-}
-
-
-def arg_error(flag: str, rule: str, value=None):
-    """One line naming the flag, its rule and its value, exit status 2: no traceback for a user's mistake."""
-    value = "" if value is None else f" {value}"
-    sys.exit(print(f"{SCRIPT}.py: error: --{flag.replace('_', '-')}{value}: {rule}", file=sys.stderr) or 2)
-
-
-def check_args(args: Args) -> None:
-    """Stop at the first flag that breaks its rule; then compute batch_size, minibatch_size and the iterations."""
-    for flags, (rule, ok) in RULES.items():
-        for flag in flags:
-            value = getattr(args, flag)
-            finite = not isinstance(value, float) or np.isfinite(value)
-            if not (finite and ok(value, args)):
-                arg_error(flag, rule if finite else "must be a finite number", value)
-    auto = "cuda" if torch.cuda.is_available() else "cpu"
-    try:  # the device must work on this machine and in this torch build
-        args.device = str(torch.zeros(0, device=auto if args.device == "auto" else args.device).device)
-    except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
-        arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", args.device)
-    args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
-    for flags, (why, odd) in WARNINGS.items():
-        for flag in (flag for flag in flags if odd(getattr(args, flag), args)):
-            print(f"{SCRIPT}.py: warning: --{flag.replace('_', '-')} {getattr(args, flag)}: {why}", file=sys.stderr)
-
-
-def make_dir(path: str, flag: str) -> str:
-    """Create an output directory before any work starts, or stop with one line saying why it cannot be written."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied")
-    except OSError as exc:
-        arg_error(flag, f"cannot write {path}/: {exc.strerror or exc}")
-    return path
 
 
 class ProcgenVecEnv(gym.vector.VectorEnv):
@@ -182,22 +112,19 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
 
-    def __init__(self, num_envs, seed, video_dir=None, **procgen_kwargs):
+    def __init__(self, num_envs, seed, **procgen_kwargs):
         if procgen_kwargs["distribution_mode"] == "exploration":  # one fixed level per game: procgen picks it
             procgen_kwargs = {k: v for k, v in procgen_kwargs.items() if k not in ("num_levels", "start_level")}
         # [2] Seeded level generator: `rand_seed` fixes which levels each env plays and in what order.
         self.env = Procgen(num=num_envs, rand_seed=seed, **procgen_kwargs)
-        self.gym3 = hasattr(self.env, "act")  # procgen's gym3 env, or procgen-gym's gymnasium env
-        self.num_envs, self.video_dir, self.video_episode, self.frames = num_envs, video_dir, 0, []
-        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
-        self.single_action_space = gym.spaces.Discrete(15)
+        self.num_envs, self.gym3 = num_envs, hasattr(self.env, "act")  # procgen's gym3 env, or procgen-gym's
+        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)  # procgen's RGB frames
+        self.single_action_space = gym.spaces.Discrete(15)  # procgen's button combinations, the same in every game
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
 
     def reset(self, *, seed=None, options=None):
-        obs = self.env.observe()[1]["rgb"] if self.gym3 else self.env.reset()[0]
-        self.frames = [obs[0]]
-        return obs, {}
+        return self.env.observe()[1]["rgb"] if self.gym3 else self.env.reset()[0], {}
 
     def step(self, actions):
         if self.gym3:
@@ -206,34 +133,10 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
             obs = obs["rgb"]
         else:  # procgen-gym's "terminated" is procgen's `first`: the same-step reset, whatever its metadata says
             obs, reward, first, _, _ = self.env.step(np.asarray(actions, dtype=np.int32))
-        if self.video_dir is not None:
-            self.record(obs[0], first[0])
         return obs, reward, first, np.zeros_like(first), {}
 
-    def record(self, frame, episode_ended):
-        """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
-        if episode_ended and round(self.video_episode ** (1 / 3)) ** 3 == self.video_episode:
-            with contextlib.redirect_stderr(io.StringIO()):  # gym3's pinned imageio-ffmpeg warns about pkg_resources
-                import imageio_ffmpeg
-            path = f"{self.video_dir}/episode-{self.video_episode}.mp4"
-            writer = imageio_ffmpeg.write_frames(path, (64, 64), fps=15, macro_block_size=1)
-            for f in [None, *map(np.ascontiguousarray, self.frames)]:  # None starts imageio_ffmpeg's generator
-                writer.send(f)
-            writer.close()
-            print(f"video: {path}", flush=True)
-        if episode_ended:
-            self.video_episode, self.frames = self.video_episode + 1, []
-        self.frames.append(frame)
 
-
-# [18] Speed only: glibc maps and unmaps every large buffer of every minibatch, one heap never trimmed saves that time
-def tune_malloc():
-    with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
-        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
-            ctypes.CDLL("libc.so.6").mallopt(option, value)
-
-
-# [7] Initialisation: `std` is the L2 norm of each output unit's weights (orthogonal rows have norm `gain`).
+# [3] Initialisation: `std` is the L2 norm of each output unit's weights (orthogonal rows have norm `gain`).
 def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
     if init_fn == "orthogonal":
         torch.nn.init.orthogonal_(layer.weight, std)
@@ -248,7 +151,7 @@ def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
     return layer
 
 
-# [6] IMPALA CNN (Espeholt et al., 2018): three stacks of conv, max-pool and two residual blocks.
+# [4] IMPALA CNN (Espeholt et al., 2018): three stacks of conv, max-pool and two residual blocks.
 class ResidualBlock(nn.Module):
     def __init__(self, channels, std, init_fn):
         super().__init__()
@@ -259,23 +162,25 @@ class ResidualBlock(nn.Module):
         return x + self.conv1(nn.functional.relu(self.conv0(nn.functional.relu(x))))
 
 
-def impala_cnn(feature_dim, init_fn):
-    """64x64x3 -> 32x32x16 -> 16x16x32 -> 8x8x32 -> `feature_dim` features. Per stack a conv, a max-pool halving the
-    size and two residual blocks, whose branches add up to 1/sqrt(3) so that activations keep their size."""
-    layers, block_std = [], np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
-    for in_channels, out_channels in ((3, 16), (16, 32), (32, 32)):
-        conv = layer_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
+def impala_cnn(obs_shape, feature_dim, init_fn):
+    """(height, width, channels) images -> `feature_dim` features; on Procgen 64x64x3 -> 32x32x16 -> 16x16x32 ->
+    8x8x32 -> 256. Each of the six residual branches has a gain of 1/sqrt(6) (each of its two convs the square root
+    of that), so that the six together add about as much variance as their input has (OpenAI's PPG code's scales)."""
+    (height, width, channels), layers, block_std = obs_shape, [], np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
+    for out_channels in (16, 32, 32):
+        conv = layer_init(nn.Conv2d(channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
         blocks = [ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)]
         layers += [conv, nn.MaxPool2d(kernel_size=3, stride=2, padding=1), *blocks]
-    dense = layer_init(nn.Linear(32 * 8 * 8, feature_dim), np.sqrt(2), init_fn)
+        channels, height, width = out_channels, (height + 1) // 2, (width + 1) // 2  # the max-pool halves, rounding up
+    dense = layer_init(nn.Linear(channels * height * width, feature_dim), np.sqrt(2), init_fn)
     return nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
 
 
 class Agent(nn.Module):
-    def __init__(self, num_actions, feature_dim, init_fn):
+    def __init__(self, obs_shape, num_actions, feature_dim, init_fn):
         super().__init__()
-        self.network = impala_cnn(feature_dim, init_fn)
-        # [7] Heads: policy gain 0.01 (near uniform), value gain 1; orthogonal after a default trunk; 0.1 if normed
+        self.network = impala_cnn(obs_shape, feature_dim, init_fn)
+        # [3] Heads: policy gain 0.01 (near-uniform first actions), value gain 1; orthogonal after a default trunk
         actor_std, critic_std = (0.1, 0.1) if init_fn == "normed" else (0.01, 1.0)
         head_fn = "orthogonal" if init_fn.endswith("_default") else init_fn
         self.actor = layer_init(nn.Linear(feature_dim, num_actions), actor_std, head_fn)
@@ -292,7 +197,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
 
 
-# [10] GAE (Schulman et al. 2016) over (num_steps, num_envs): dones[t] = 1 if obs[t] starts an episode; next_* bootstrap
+# [5] GAE (Schulman et al. 2016) over (num_steps, num_envs): dones[t] = 1 if obs[t] starts an episode; next_* bootstrap
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     nextvalues = torch.cat([values[1:], next_value.view(1, -1)])  # the value and the done after each step
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.view(1, -1)])
@@ -303,13 +208,13 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     return advantages, advantages + values
 
 
-# [13] The clipped surrogate objective, per sample, as a loss to minimise.
+# [6] The clipped surrogate objective, per sample, as a loss to minimise.
 def clipped_policy_loss(logratio, advantages, clip_coef):
     ratio = logratio.exp()
     return torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef))
 
 
-# [14] Value loss per sample: 0.5 max(clipped, unclipped) as in PPO2 and CleanRL (OpenAI's PPG code: no clip, no 0.5)
+# [7] Value loss per sample: 0.5 max(clipped, unclipped) as in PPO2 and CleanRL (OpenAI's PPG code: no clip, no 0.5)
 def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     v_loss_unclipped = (newvalue - returns) ** 2
     if clip_range_vf is None:
@@ -318,33 +223,30 @@ def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2)
 
 
-# [12] Minibatches: a fresh shuffle of the whole batch every epoch.
+# [8] Minibatches: a fresh shuffle of the whole batch every epoch.
 def minibatch_indices(batch_size, minibatch_size):
     b_inds = np.random.permutation(batch_size)
     return [b_inds[start : start + minibatch_size] for start in range(0, batch_size, minibatch_size)]
 
 
 def log_episodes(episodes, infos, global_step, tag):
-    """[4] Keep every episode that ended in a step, not only the first; they are logged once per iteration."""
+    """[9] Keep every episode that ended in a step, not only the first; they are logged once per iteration."""
     for i in np.flatnonzero(infos.get("_episode", [])):
         episodes.append((tag, global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
 
 
 def train(args: Args):
     check_args(args)
-    tune_malloc()
+    with contextlib.suppress(OSError, AttributeError):  # [18] speed only: glibc's heap kept whole, not glibc: nothing
+        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
+            ctypes.CDLL("libc.so.6").mallopt(option, value)
     device = torch.device(args.device)
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
-                   name=run_name, monitor_gym=True, save_code=True)  # fmt: skip
+    run_name = args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     writer = SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"))
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-    print(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on {device}; "
-          f"logs in runs/{run_name} (tensorboard --logdir runs)", flush=True)  # fmt: skip
+    console(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on {device}; "
+            f"logs in runs/{run_name} (tensorboard --logdir runs)")  # fmt: skip
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -354,38 +256,40 @@ def train(args: Args):
     torch.backends.cudnn.benchmark = not args.torch_deterministic  # GPUs only: set either way, torch's defaults vary
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not args.torch_deterministic
 
-    # env setup: [3] training levels [start_level, start_level + num_levels), held-out test envs on all levels
+    # env setup: [10] training levels [start_level, start_level + num_levels), held-out test envs on all levels
     game = dict(env_name=args.env_id, distribution_mode=args.distribution_mode)
     envs = ProcgenVecEnv(args.num_envs, args.seed, num_levels=args.num_levels, start_level=args.start_level, **game)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    if args.norm_reward:  # [5] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "`dones` below needs same-step resets"
+    if args.norm_reward:  # [11] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
         envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     if args.eval_interval > 0:
-        video_dir = make_dir(f"videos/{run_name}", "capture-video") if args.capture_video else None
-        test_envs = ProcgenVecEnv(args.num_eval_envs, args.seed + 1_000_003, video_dir, num_levels=0, **game)
+        test_envs = ProcgenVecEnv(args.num_eval_envs, args.seed + 1_000_003, num_levels=0, **game)
         test_envs = gym.wrappers.vector.RecordEpisodeStatistics(test_envs)
         test_obs = torch.as_tensor(test_envs.reset()[0], device=device)
 
-    agent = Agent(envs.single_action_space.n, args.feature_dim, args.init_fn).to(device)
-    # [8] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n, args.feature_dim, args.init_fn)
+    agent = agent.to(device)
+    # [12] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
-    obs = torch.zeros((args.num_steps, envs.num_envs, 64, 64, 3), dtype=torch.uint8, device=device)
+    obs = torch.zeros((args.num_steps, *envs.observation_space.shape), dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, envs.num_envs), dtype=torch.long, device=device)
     logprobs, rewards, dones, values = (torch.zeros((args.num_steps, envs.num_envs), device=device) for _ in range(4))
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
-    next_obs = torch.as_tensor(envs.reset(seed=args.seed)[0], device=device)
+    # Ctrl-C: one line saying where the run stopped, not a traceback from inside torch; the log has every iteration
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped at step {global_step}: runs/{run_name}"))
+    next_obs = torch.as_tensor(envs.reset()[0], device=device)  # procgen's levels were seeded when it was made
     next_done = torch.zeros(envs.num_envs, device=device)
-    recent_returns, recent_test_returns = deque(maxlen=100), deque(maxlen=100)  # for the console
-    start_time, start_step = time.time(), global_step  # the steps per second count from here
+    recent_returns, recent_test_returns, start_time = deque(maxlen=100), deque(maxlen=100), time.time()  # the console
 
     for iteration in range(1, args.num_iterations + 1):
         iteration_start, episodes = time.time(), []
-        if args.anneal_lr:  # [9] learning-rate annealing over the whole run
+        if args.anneal_lr:  # [13] learning-rate annealing over the whole run
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
             optimizer.param_groups[0]["lr"] = lrnow
@@ -407,7 +311,7 @@ def train(args: Args):
             next_done = torch.as_tensor(np.logical_or(terminations, truncations), device=device, dtype=torch.float32)
             log_episodes(episodes, infos, global_step, "")
 
-        if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [3] held-out levels, the same policy
+        if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [10] held-out levels, the same policy
             for _ in range(args.num_steps):
                 with torch.no_grad():
                     test_action = agent.get_action_and_value(test_obs)[0]
@@ -420,19 +324,19 @@ def train(args: Args):
             next_value = agent.get_value(next_obs).reshape(1, -1)
         advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
         # flatten the batch
-        b_obs = obs.reshape((-1, 64, 64, 3))
+        b_obs = obs.reshape((-1, *envs.single_observation_space.shape))
         b_logprobs = logprobs.reshape(-1)
         b_actions = actions.reshape(-1)
+        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
         b_values = values.reshape(-1)
+        # [14] Advantage normalisation over the whole batch, once (OpenAI's PPG code), not per minibatch as in CleanRL.
+        if args.norm_adv:
+            b_mean, b_std = b_advantages.mean(), b_advantages.std()
+            b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
 
         # Optimizing the policy and value network
         clipfracs = []  # kept on the device, read once when logged: no sync per minibatch
         for epoch in range(args.update_epochs):  # noqa: B007
-            b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-            # [11] Advantage normalisation over the whole batch (OpenAI's PPG code), not per minibatch as in CleanRL.
-            if args.norm_adv:
-                b_mean, b_std = b_advantages.mean(), b_advantages.std()
-                b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
             for mb_inds in minibatch_indices(args.batch_size, args.minibatch_size):
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
@@ -474,23 +378,122 @@ def train(args: Args):
             writer.add_scalar(f"charts/{tag}episodic_return", r, step)
             writer.add_scalar(f"charts/{tag}episodic_length", l, step)
             (recent_test_returns if tag else recent_returns).append(r)
-        sps = (global_step - start_step) / (time.time() - start_time)
+        sps = global_step / (time.time() - start_time)
         writer.add_scalar("charts/SPS", int(sps), global_step)
         took, left = time.time() - iteration_start, (args.num_iterations * args.batch_size - global_step) / sps / 60
         means = [np.mean(r or [np.nan]) for r in (recent_returns, recent_test_returns)]
-        print(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
-              f"{left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}", flush=True)  # fmt: skip
+        console(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
+                f"{left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}")  # fmt: skip
 
-    if args.save_model:
-        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        torch.save(agent.state_dict(), model_path)
-        print(f"model saved to {model_path}", flush=True)
     envs.close()
     if args.eval_interval > 0:
         test_envs.close()
     writer.close()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if args.save_model:  # serialised first, so that a failed write (a full disk) is one line with the system's reason
+        model_path, buffer = f"runs/{run_name}/{args.exp_name}.cleanrl_model", io.BytesIO()
+        torch.save(agent.state_dict(), buffer)
+        try:
+            with open(model_path, "wb") as f:
+                f.write(buffer.getbuffer())
+        except OSError as exc:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(model_path)  # no partial file
+            sys.exit(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept")
+        console(f"model saved to {model_path}")
     return run_name
 
 
+# Command-line plumbing: every flag's rule, checked before anything is built or written, and the output directories.
+RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal: its type
+    ("exp_name",): ("must not contain /", lambda v, a: "/" not in v),
+    ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
+    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v)),
+    ("env_id",): (f"must be a Procgen game: {', '.join(PROCGEN_GAMES)}", lambda v, a: v in PROCGEN_GAMES),
+    ("distribution_mode",): ("is not made for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split()),
+    ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
+    ("num_envs", "num_eval_envs", "num_steps", "feature_dim"): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
+    ("total_timesteps",): ("must hold one batch: --num-envs x --num-steps", lambda v, a: v >= a.num_envs * a.num_steps),
+    ("learning_rate",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
+    ("gamma", "gae_lambda"): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
+    ("num_minibatches",): ("must divide the batch", lambda v, a: v > 0 and a.num_envs * a.num_steps % v == 0),
+    ("update_epochs", "clip_coef", "max_grad_norm", "clip_reward"): ("must be positive", lambda v, a: v > 0),
+    ("ent_coef", "vf_coef"): ("must be >= 0", lambda v, a: v >= 0),
+    ("clip_range_vf", "target_kl"): ("must be positive, or None: off", lambda v, a: v is None or v > 0),
+}
+WARNINGS = {  # legal, but almost always a mistake: one line says why, and the run goes on
+    ("total_timesteps",): ("over 1% is not run: only whole iterations run", lambda v, a: v % a.batch_size > v / 100),
+    ("eval_interval",): ("is more than the iterations: the test env never runs", lambda v, a: v > a.num_iterations),
+    ("learning_rate",): ("is far above the 1e-4 to 1e-3 that Adam is used with", lambda v, a: v > 0.01),
+}
+
+
+def arg_error(flag: str, rule: str, value=None):
+    """One line naming the flag, its rule and its value, exit status 2: no traceback for a user's mistake."""
+    value = "" if value is None else f" {value}"
+    print(f"{SCRIPT}.py: error: --{flag.replace('_', '-')}{value}: {rule}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args: Args) -> None:
+    """Stop at the first flag that breaks its rule; then compute batch_size, minibatch_size and the iterations."""
+    for flags, (rule, ok) in RULES.items():
+        for flag in flags:
+            value = getattr(args, flag)
+            finite = not isinstance(value, float) or np.isfinite(value)
+            if not (finite and ok(value, args)):
+                arg_error(flag, rule if finite else "must be a finite number", value)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    try:  # the device must work on this machine and in this torch build
+        args.device = str(torch.zeros(0, device=auto if args.device == "auto" else args.device).device)
+    except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
+        arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", args.device)
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    # memory in bytes: the rollout (a uint8 frame, 6 numbers a step), activations (1.5 MiB a sample), games (0.3 MiB)
+    need = args.batch_size * 12312 + (1.5 * args.minibatch_size + 0.3 * (args.num_envs + args.num_eval_envs)) * 2**20
+    free = torch.cuda.mem_get_info(args.device)[0] if args.device.startswith("cuda") else host_memory()
+    sizes = (f"num-envs {args.num_envs} x --num-steps {args.num_steps} / --num-minibatches {args.num_minibatches}, "
+             f"--num-eval-envs {args.num_eval_envs}")  # fmt: skip
+    what = f"need {need / 2**30:.1f} GiB on {args.device}, {free / 2**30:.1f} GiB free"
+    if need > free:
+        arg_error(sizes, what)
+    if need > 0.75 * free:
+        print(f"{SCRIPT}.py: warning: --{sizes}: {what}", file=sys.stderr)
+    for flags, (why, odd) in WARNINGS.items():
+        for flag in (flag for flag in flags if odd(getattr(args, flag), args)):
+            print(f"{SCRIPT}.py: warning: --{flag.replace('_', '-')} {getattr(args, flag)}: {why}", file=sys.stderr)
+
+
+def host_memory():
+    """The host's free memory: Linux's MemAvailable, what can be taken without swapping; elsewhere unknown."""
+    with contextlib.suppress(OSError), open("/proc/meminfo") as meminfo:
+        return float(re.search(r"MemAvailable:\s+(\d+)", meminfo.read())[1]) * 1024
+    return float("inf")
+
+
+def make_dir(path: str, flag: str) -> str:
+    """Create an output directory before any work starts, or stop with one line saying why it cannot be written."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        arg_error(flag, f"cannot write {path}/: {exc.strerror or exc}")
+    return path
+
+
+def console(text):
+    """Print a line; once nothing reads stdout (a closed pipe), the lines go nowhere and the run goes on."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's last flush goes there too
+
+
 if __name__ == "__main__":
-    train(tyro.cli(Args))
+    try:
+        train(tyro.cli(Args))
+    except BrokenPipeError:  # nothing reads the output any more: exit quietly, as command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -21,12 +21,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-# ── one-line errors: an unsupported Python, a missing package ──
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
-if not (3, 10) <= sys.version_info[:2] <= (3, 13):  # the Pythons that a procgen package serves (see ProcgenVecEnv)
-    sys.exit(f"{SCRIPT}.py: error: Python {sys.version.split()[0]} is not supported: use Python 3.10 to 3.13")
+if not (3, 10) <= sys.version_info[:2] <= (3, 13):  # no procgen package is built for another Python (requirements.txt)
+    sys.exit(f"{SCRIPT}.py: error: Python {sys.version.split()[0]} has no procgen package: use Python 3.10 to 3.13")
 
 
+# ── one-line errors: a missing package ──
 def installed(name):
     try:
         return importlib.util.find_spec(name) is not None
@@ -57,7 +57,6 @@ with contextlib.redirect_stderr(io.StringIO()):  # the old `gym` that procgen im
     except ImportError:
         from procgen_gym import ProcgenVecEnv as Procgen  # procgen-gym (3.13): the same C++ games
 
-SCRIPT = os.path.basename(__file__)[: -len(".py")]
 PROCGEN_GAMES = ("bigfish bossfight caveflyer chaser climber coinrun dodgeball fruitbot heist jumper leaper maze miner "
                  "ninja plunder starpilot").split()  # fmt: skip
 MODE_GAMES = {"extreme": "chaser dodgeball leaper starpilot", "memory": "caveflyer dodgeball heist jumper maze miner",
@@ -65,21 +64,19 @@ MODE_GAMES = {"extreme": "chaser dodgeball leaper starpilot", "memory": "cavefly
 # ── checkpoints: the flags a checkpoint must share with a run that loads it (the network, and the rollout) ──
 NETWORK_FLAGS = ("feature_dim", "hidden_dim")
 ROLLOUT_FLAGS = ("env_id", "distribution_mode", "num_levels", "start_level", "num_envs", "num_steps", "num_eval_envs")
+# ── end checkpoints ──
 
 
 @dataclass
 class Args:
-    # Experiment
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment, part of the run name"""
     seed: int = 1
     """seed of python, numpy, torch and procgen's level generator: one seed gives one run"""
     torch_deterministic: bool = True
-    """if toggled, GPUs compute as CPUs do: cuDNN's deterministic algorithms, fp32 without TF32, no autotuning;
-    if not, TF32 and cuDNN's autotuner, faster on recent GPUs"""
+    """if toggled, GPUs compute as CPUs do (deterministic cuDNN, fp32 without TF32); if not, faster on recent GPUs"""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:N` or `mps`"""
-    # Environment
     env_id: str = "starpilot"
     """the Procgen game"""
     num_levels: int = 200
@@ -94,7 +91,6 @@ class Args:
     """the number of parallel test envs"""
     env_threads: int = 4
     """the number of procgen's own worker threads per vector env"""
-    # Algorithm
     total_timesteps: int = 25_000_000
     """total timesteps of the experiment"""
     learning_rate: float = 5e-4
@@ -130,7 +126,7 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """the target KL divergence threshold: the epochs of an update stop once approx_kl exceeds it"""
+    """the target KL divergence: the update stops after an epoch whose last minibatch's approx_kl exceeds it"""
     norm_reward: bool = True
     """toggles reward normalisation by a running estimate of the discounted return's std"""
     clip_reward: float = 10.0
@@ -142,10 +138,12 @@ class Args:
     init_fn: Literal["orthogonal", "torch_default", "tf_default", "normed", "xavier_uniform", "xavier_normal"] = (
         "orthogonal"
     )
-    """orthogonal in every layer (ours); the trunk at PyTorch's default (CleanRL) or TensorFlow's glorot-uniform (the
-    Procgen paper's runs) under orthogonal heads; normed (the PPG paper);
-    `xavier_uniform` and `xavier_normal` in every layer (rllte)"""
-    # Logging and saving
+    """orthogonal everywhere (ours); a PyTorch-default (CleanRL) or glorot (the Procgen paper) trunk; normed (PPG's);
+    `xavier_uniform`, `xavier_normal`: rllte's, in every layer"""
+    save_model: bool = False
+    """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
+    # ── the features' flags ──
+    # Logging
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "procgen"
@@ -154,8 +152,6 @@ class Args:
     """the entity (team) of wandb's project"""
     capture_video: bool = False
     """if toggled, write videos of test env 0 (episodes 0, 1, 8, 27, ...) to `videos/{run_name}`"""
-    save_model: bool = False
-    """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
     # Checkpoints and evaluation
     checkpoint_interval: int = 0
     """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on SIGINT/SIGTERM)"""
@@ -195,9 +191,10 @@ class Args:
     # Distributed (under torchrun)
     backend: str | None = None
     """the torch.distributed backend under torchrun: gloo on CPU, nccl on CUDA when None"""
+    # ── end the features' flags ──
 
 
-# ── rllte's names for CleanRL's flags, as aliases: `--lr 1e-3` is `--learning-rate 1e-3` ──
+# ── rllte aliases ──: rllte's names for CleanRL's flags, `--lr 1e-3` for `--learning-rate 1e-3`
 RLLTE_ALIASES = {
     "exp_name": "--tag", "init_model": "--init-model-path", "learning_rate": "--lr", "adam_eps": "--eps",
     "gamma": "--discount", "minibatch_size": "--batch-size", "clip_coef": "--clip-range", "update_epochs": "--n-epochs",
@@ -207,142 +204,6 @@ for _name, _alias in RLLTE_ALIASES.items():
         Args.__annotations__[_name], tyro.conf.arg(aliases=(_alias,))
     ]
 # ── end rllte aliases ──
-
-
-RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal: its type
-    ("exp_name", "wandb_project_name", "wandb_entity"): ("must not contain /", lambda v, a: "/" not in (v or "")),
-    ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
-    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v)),
-    ("env_id",): (f"must be a Procgen game: {', '.join(PROCGEN_GAMES)}", lambda v, a: v in PROCGEN_GAMES),
-    ("distribution_mode",): ("is not made for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split()),
-    ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
-    ("num_envs", "num_eval_envs", "num_steps", "feature_dim"): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
-    ("env_threads",): ("must be in [0, 256]", lambda v, a: 0 <= v <= 256),
-    ("minibatch_size",): (
-        "must divide --num-envs x --num-steps, or None",
-        lambda v, a: v is None or 0 < v and a.num_envs * a.num_steps % v == 0,
-    ),
-    ("hidden_dim",): ("must be in [0, 65536]", lambda v, a: 0 <= v <= 2**16),
-    ("checkpoint_interval",): ("must be >= 0 (0: only on a signal)", lambda v, a: v >= 0),
-    ("keep_checkpoints", "eval_episodes", "vtrace_rho_clip", "vtrace_c_clip"): ("must be positive", lambda v, a: v > 0),
-    ("resume", "eval_only", "init_model"): ("must be a path, or None", lambda v, a: v is None or v.strip() != ""),
-    ("prio_alpha", "intrinsic_coef"): ("must be >= 0", lambda v, a: v >= 0),
-    ("prio_beta0",): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
-    ("rnd_update_proportion",): ("must be in (0, 1]", lambda v, a: 0 < v <= 1),
-    ("pretraining",): ("needs an intrinsic reward: --intrinsic-coef > 0", lambda v, a: not v or a.intrinsic_coef > 0),
-    ("backend",): ("must be gloo, nccl or None", lambda v, a: v in (None, "gloo", "nccl")),
-    ("total_timesteps",): ("must hold one batch: --num-envs x --num-steps", lambda v, a: v >= a.num_envs * a.num_steps),
-    ("learning_rate",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
-    ("adam_eps",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
-    ("gamma", "gae_lambda"): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
-    ("num_minibatches",): ("must divide --num-envs x --num-steps", lambda v, a: v > 0 == a.num_envs * a.num_steps % v),
-    ("update_epochs", "clip_coef", "max_grad_norm", "clip_reward"): ("must be positive", lambda v, a: v > 0),
-    ("ent_coef", "vf_coef"): ("must be >= 0", lambda v, a: v >= 0),
-    ("clip_range_vf", "target_kl"): ("must be positive, or None: off", lambda v, a: v is None or v > 0),
-    ("track",): ("needs wandb: pip install wandb", lambda v, a: not v or importlib.util.find_spec("wandb")),
-    ("capture_video",): ("records the test env: needs --eval-interval > 0", lambda v, a: not v or a.eval_interval > 0),
-}
-WARNINGS = {  # legal, but almost always a mistake: one line says why, and the run goes on
-    ("total_timesteps",): ("over 1% is not run: only whole iterations run", lambda v, a: v % a.batch_size > v / 100),
-    ("eval_interval",): ("is more than the iterations: the test env never runs", lambda v, a: v > a.num_iterations),
-    ("learning_rate",): ("is far above the 1e-4 to 1e-3 that Adam is used with", lambda v, a: v > 0.01),
-    ("checkpoint_interval",): (
-        "is more than the iterations: only a signal writes a checkpoint",
-        lambda v, a: v > a.num_iterations,
-    ),
-    ("vtrace_rho_clip",): ("has no effect without --vtrace", lambda v, a: v != Args.vtrace_rho_clip and not a.vtrace),
-    ("vtrace_c_clip",): ("has no effect without --vtrace", lambda v, a: v != Args.vtrace_c_clip and not a.vtrace),
-    ("prio_beta0",): ("has no effect without --prio-alpha > 0", lambda v, a: v != Args.prio_beta0 and not a.prio_alpha),
-    ("rnd_update_proportion",): (
-        "has no effect without --intrinsic-coef > 0",
-        lambda v, a: v != Args.rnd_update_proportion and not a.intrinsic_coef,
-    ),
-    ("eval_episodes",): ("has no effect without --eval-only", lambda v, a: v != Args.eval_episodes and not a.eval_only),
-    ("eval_train_levels",): ("has no effect without --eval-only", lambda v, a: v and not a.eval_only),
-}
-
-
-def arg_error(flag: str, rule: str, value=None):
-    """One line naming the flag, its rule and its value, exit status 2: no traceback for a user's mistake."""
-    value = "" if value is None else f" {value}"
-    sys.exit(print(f"{SCRIPT}.py: error: --{flag.replace('_', '-')}{value}: {rule}", file=sys.stderr) or 2)
-
-
-def check_args(args: Args) -> None:
-    """Stop at the first flag that breaks its rule; then compute batch_size, minibatch_size and the iterations."""
-    if args.minibatch_size:  # rllte's way to size minibatches: it sets num_minibatches
-        args.num_minibatches = max(args.num_envs * args.num_steps // args.minibatch_size, 1)
-    for flags, (rule, ok) in RULES.items():
-        for flag in flags:
-            value = getattr(args, flag)
-            finite = not isinstance(value, float) or np.isfinite(value)
-            if not (finite and ok(value, args)):
-                arg_error(flag, rule if finite else "must be a finite number", value)
-    auto = "cuda" if torch.cuda.is_available() else "cpu"
-    device = auto if args.device == "auto" else args.device
-    # ── torchrun [30]: a process's `cuda` is its local rank's GPU, set before anything touches a GPU ──
-    local_rank = int(os.environ.get("LOCAL_RANK", "-1"))
-    if local_rank >= 0 and device.startswith("cuda") and torch.cuda.is_available():
-        if device != "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every process on one GPU
-            arg_error("device", "under torchrun each process takes its local rank's GPU: --device cuda", args.device)
-        if local_rank >= torch.cuda.device_count():
-            arg_error("device", f"LOCAL_RANK {local_rank} has no GPU: {torch.cuda.device_count()} visible; run at most "
-                      "that many processes per node, or --device cpu", args.device)  # fmt: skip
-        torch.cuda.set_device(local_rank)
-        device = f"cuda:{local_rank}"
-    # ── end torchrun ──
-    try:  # the device must work on this machine and in this torch build
-        args.device = str(torch.zeros(0, device=device).device)
-    except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
-        arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", args.device)
-    if args.backend == "nccl" and not args.device.startswith("cuda"):  # [30] NCCL reduces GPU tensors only
-        arg_error("backend", f"reduces GPU tensors: needs a CUDA --device, not {args.device} (gloo on CPU)", "nccl")
-    args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
-    # ── feature rules that span flags ──
-    if args.init_model is not None and args.resume is not None:
-        arg_error("init-model", "cannot be combined with --resume", args.init_model)
-    if args.resume is not None and args.eval_only is not None:
-        arg_error("eval-only", "cannot be combined with --resume", args.eval_only)
-    # ── torchrun [30]: every process owns num_envs / world_size envs and its share of each minibatch ──
-    args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    for flag in ("num_envs", "num_eval_envs", "minibatch_size"):
-        if getattr(args, flag) % args.world_size:
-            arg_error(flag, f"must divide among the {args.world_size} processes of torchrun", getattr(args, flag))
-    args.local_num_envs = args.num_envs // args.world_size
-    args.local_batch_size = args.local_num_envs * args.num_steps
-    args.local_minibatch_size = args.minibatch_size // args.world_size
-    if args.prio_alpha > 0 and args.local_num_envs % args.num_minibatches:
-        arg_error("prio-alpha", "samples whole env segments: each process's envs must be a multiple of "
-                  "--num-minibatches", args.prio_alpha)  # fmt: skip
-    # ── end torchrun ──
-    for flags, (why, odd) in WARNINGS.items():
-        for flag in (flag for flag in flags if odd(getattr(args, flag), args)):
-            print(f"{SCRIPT}.py: warning: --{flag.replace('_', '-')} {getattr(args, flag)}: {why}", file=sys.stderr)
-
-
-def parse_args(argv=None, **tyro_kwargs) -> Args:
-    """The command line (or `argv`) as Args; a parse error of tyro's is one line too, with exit status 2."""
-    try:
-        with contextlib.redirect_stderr(io.StringIO()) as box:
-            return tyro.cli(Args, args=argv, **tyro_kwargs)
-    except SystemExit as exc:
-        if exc.code:  # 0 is --help; else keep the box's first paragraph below its title: "Error parsing --seed: ..."
-            paragraph = (re.split("[─-]{3,}", box.getvalue()) + ["", "see --help"])[1].replace("│", " ")
-            exc.code = print(f"{SCRIPT}.py: error:", *paragraph.strip("╮").split(), file=sys.stderr) or 2
-        raise
-
-
-def make_dir(path: str, flag: str) -> str:
-    """Create an output directory before any work starts, or stop with one line saying why it cannot be written."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied")
-    except OSError as exc:
-        arg_error(flag, f"cannot write {path}/: {exc.strerror or exc}")
-    return path
 
 
 class ProcgenVecEnv(gym.vector.VectorEnv):
@@ -355,10 +216,10 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
             procgen_kwargs = {k: v for k, v in procgen_kwargs.items() if k not in ("num_levels", "start_level")}
         # [2] Seeded level generator: `rand_seed` fixes which levels each env plays and in what order.
         self.env = Procgen(num=num_envs, rand_seed=seed, **procgen_kwargs)
-        self.gym3 = hasattr(self.env, "act")  # procgen's gym3 env, or procgen-gym's gymnasium env
-        self.num_envs, self.video_dir, self.video_episode, self.frames = num_envs, video_dir, 0, []
-        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
-        self.single_action_space = gym.spaces.Discrete(15)
+        self.num_envs, self.gym3 = num_envs, hasattr(self.env, "act")  # procgen's gym3 env, or procgen-gym's
+        self.video_dir, self.video_episode, self.frames = video_dir, 0, []  # [videos]
+        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)  # procgen's RGB frames
+        self.single_action_space = gym.spaces.Discrete(15)  # procgen's button combinations, the same in every game
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
 
@@ -374,31 +235,29 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
             obs = obs["rgb"]
         else:  # procgen-gym's "terminated" is procgen's `first`: the same-step reset, whatever its metadata says
             obs, reward, first, _, _ = self.env.step(np.asarray(actions, dtype=np.int32))
+        # ── videos ──
         if self.video_dir is not None:
             self.record(obs[0], first[0])
+        # ── end videos ──
         return obs, reward, first, np.zeros_like(first), {}
 
+    # ── videos ──
     def record(self, frame, episode_ended):
         """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
         if episode_ended and round(self.video_episode ** (1 / 3)) ** 3 == self.video_episode:
             with contextlib.redirect_stderr(io.StringIO()):  # gym3's pinned imageio-ffmpeg warns about pkg_resources
                 import imageio_ffmpeg
             path = f"{self.video_dir}/episode-{self.video_episode}.mp4"
-            writer = imageio_ffmpeg.write_frames(path, (64, 64), fps=15, macro_block_size=1)
+            writer = imageio_ffmpeg.write_frames(path, frame.shape[1::-1], fps=15, macro_block_size=1)
             for f in [None, *map(np.ascontiguousarray, self.frames)]:  # None starts imageio_ffmpeg's generator
                 writer.send(f)
             writer.close()
-            print(f"video: {path}", flush=True)
+            console(f"video: {path}")
         if episode_ended:
             self.video_episode, self.frames = self.video_episode + 1, []
         self.frames.append(frame)
 
-
-# [18] Speed only: glibc maps and unmaps every large buffer of every minibatch, one heap never trimmed saves that time
-def tune_malloc():
-    with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
-        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
-            ctypes.CDLL("libc.so.6").mallopt(option, value)
+    # ── end videos ──
 
 
 # ── the status line: on a terminal, one line rewritten in place with the progress, the SPS and the time left ──
@@ -434,16 +293,18 @@ class StatusLine:
 # ── end status line ──
 
 
-# [7] Initialisation: `std` is the L2 norm of each output unit's weights (orthogonal rows have norm `gain`).
+# [3] Initialisation: `std` is the L2 norm of each output unit's weights (orthogonal rows have norm `gain`).
 def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
     if init_fn == "orthogonal":
         torch.nn.init.orthogonal_(layer.weight, std)
     elif init_fn == "tf_default":  # glorot-uniform at gain 1 whatever `std` says, and zero biases
         torch.nn.init.xavier_uniform_(layer.weight)
-    elif init_fn == "xavier_uniform":  # ── rllte's init functions: `std` is the gain ──
+    # ── rllte's init functions ──: `std` is the gain
+    elif init_fn == "xavier_uniform":
         torch.nn.init.xavier_uniform_(layer.weight, std)
     elif init_fn == "xavier_normal":
         torch.nn.init.xavier_normal_(layer.weight, std)
+    # ── end rllte's init functions ──
     elif init_fn == "normed":  # the PPG paper's scheme, Gaussian weights rescaled per output unit
         with torch.no_grad():
             layer.weight.normal_()
@@ -453,7 +314,7 @@ def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
     return layer
 
 
-# [6] IMPALA CNN (Espeholt et al., 2018): three stacks of conv, max-pool and two residual blocks.
+# [4] IMPALA CNN (Espeholt et al., 2018): three stacks of conv, max-pool and two residual blocks.
 class ResidualBlock(nn.Module):
     def __init__(self, channels, std, init_fn):
         super().__init__()
@@ -464,15 +325,17 @@ class ResidualBlock(nn.Module):
         return x + self.conv1(nn.functional.relu(self.conv0(nn.functional.relu(x))))
 
 
-def impala_cnn(feature_dim, init_fn):
-    """64x64x3 -> 32x32x16 -> 16x16x32 -> 8x8x32 -> `feature_dim` features. Per stack a conv, a max-pool halving the
-    size and two residual blocks, whose branches add up to 1/sqrt(3) so that activations keep their size."""
-    layers, block_std = [], np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
-    for in_channels, out_channels in ((3, 16), (16, 32), (32, 32)):
-        conv = layer_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
+def impala_cnn(obs_shape, feature_dim, init_fn):
+    """(height, width, channels) images -> `feature_dim` features; on Procgen 64x64x3 -> 32x32x16 -> 16x16x32 ->
+    8x8x32 -> 256. Each of the six residual branches has a gain of 1/sqrt(6) (each of its two convs the square root
+    of that), so that the six together add about as much variance as their input has (OpenAI's PPG code's scales)."""
+    (height, width, channels), layers, block_std = obs_shape, [], np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
+    for out_channels in (16, 32, 32):
+        conv = layer_init(nn.Conv2d(channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
         blocks = [ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)]
         layers += [conv, nn.MaxPool2d(kernel_size=3, stride=2, padding=1), *blocks]
-    dense = layer_init(nn.Linear(32 * 8 * 8, feature_dim), np.sqrt(2), init_fn)
+        channels, height, width = out_channels, (height + 1) // 2, (width + 1) // 2  # the max-pool halves, rounding up
+    dense = layer_init(nn.Linear(channels * height * width, feature_dim), np.sqrt(2), init_fn)
     return nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
 
 
@@ -487,8 +350,11 @@ def head(feature_dim, hidden_dim, out_dim, std, init_fn):
     )
 
 
-# ── RND [33], Random Network Distillation (Burda et al., 2018): novelty is the error of predicting a fixed random
-# network ──
+# ── end rllte's hidden layer in the heads ──
+
+
+# ── RND [33] ──: Random Network Distillation (Burda et al., 2018), novelty as the error of predicting a fixed
+# random network
 def rnd_cnn(out_layers):
     """The RND paper's convolutions (8x8/4, 4x4/2, 3x3/1; 32, 64, 64 channels) on 64x64 RGB, then `out_layers`."""
     convs = [nn.Conv2d(3, 32, 8, stride=4), nn.LeakyReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.LeakyReLU()]
@@ -561,6 +427,9 @@ class RND(nn.Module):
         return error / (self.return_var + 1e-8).sqrt()
 
 
+# ── end RND ──
+
+
 # ── bf16 autocast [31] ──
 def autocast_bf16(module):
     """Run `module` under bf16 autocast; its output goes back to fp32, so every loss and ratio stays in fp32."""
@@ -574,11 +443,14 @@ def autocast_bf16(module):
     return module
 
 
+# ── end bf16 autocast ──
+
+
 class Agent(nn.Module):
-    def __init__(self, num_actions, feature_dim, init_fn, hidden_dim=0):
+    def __init__(self, obs_shape, num_actions, feature_dim, init_fn, hidden_dim=0):
         super().__init__()
-        self.network = impala_cnn(feature_dim, init_fn)
-        # [7] Heads: policy gain 0.01 (near uniform), value gain 1; orthogonal after a default trunk; 0.1 if normed
+        self.network = impala_cnn(obs_shape, feature_dim, init_fn)
+        # [3] Heads: policy gain 0.01 (near-uniform first actions), value gain 1; orthogonal after a default trunk
         actor_std, critic_std = (0.1, 0.1) if init_fn == "normed" else (0.01, 1.0)
         head_fn = "orthogonal" if init_fn.endswith("_default") else init_fn
         self.actor = head(feature_dim, hidden_dim, num_actions, actor_std, head_fn)
@@ -594,13 +466,14 @@ class Agent(nn.Module):
             # ── sampling without a host sync ──: `probs.sample()`'s one-sample draw (torch.multinomial's exponential
             # race: the same actions, seed for seed) without its validity checks, which wait for the GPU
             action = (probs.probs / torch.empty_like(probs.probs).exponential_()).argmax(-1)
+            # ── end sampling without a host sync ──
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
 
 
-# [10] GAE (Schulman et al. 2016) over (num_steps, num_envs): dones[t] = 1 if obs[t] starts an episode; next_* bootstrap
-# ── V-trace [28]: with `ratio` (pi_new / pi_old of the actions taken), the V-trace form of Metta's PPO loss
+# [5] GAE (Schulman et al. 2016) over (num_steps, num_envs): dones[t] = 1 if obs[t] starts an episode; next_* bootstrap
+# [28] V-trace, in the lines that differ: with `ratio` (pi_new / pi_old of the actions taken), Metta's PPO loss
 # (Espeholt et al., 2018): delta_t = rho_t (r_t + gamma V_t+1 (1 - d_t+1) - V_t) and A_t = delta_t + gamma lambda c_t
-# (1 - d_t+1) A_t+1, rho and c the ratio clipped at `rho_clip` and `c_clip`. Without it rho = c = 1: GAE, bit for bit ──
+# (1 - d_t+1) A_t+1, rho and c the ratio clipped at `rho_clip` and `c_clip`. Without it rho = c = 1: GAE, bit for bit
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda, ratio=None, rho_clip=1.0, c_clip=1.0):
     rho = torch.ones_like(rewards) if ratio is None else ratio.clamp(max=rho_clip)
     c = torch.ones_like(rewards) if ratio is None else ratio.clamp(max=c_clip)
@@ -613,13 +486,13 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     return advantages, advantages + values
 
 
-# [13] The clipped surrogate objective, per sample, as a loss to minimise.
+# [6] The clipped surrogate objective, per sample, as a loss to minimise.
 def clipped_policy_loss(logratio, advantages, clip_coef):
     ratio = logratio.exp()
     return torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef))
 
 
-# [14] Value loss per sample: 0.5 max(clipped, unclipped) as in PPO2 and CleanRL (OpenAI's PPG code: no clip, no 0.5)
+# [7] Value loss per sample: 0.5 max(clipped, unclipped) as in PPO2 and CleanRL (OpenAI's PPG code: no clip, no 0.5)
 def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     v_loss_unclipped = (newvalue - returns) ** 2
     if clip_range_vf is None:
@@ -628,7 +501,7 @@ def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2)
 
 
-# [12] Minibatches: a fresh shuffle of the whole batch every epoch.
+# [8] Minibatches: a fresh shuffle of the whole batch every epoch.
 def minibatch_indices(batch_size, minibatch_size):
     b_inds = np.random.permutation(batch_size)
     return [b_inds[start : start + minibatch_size] for start in range(0, batch_size, minibatch_size)]
@@ -653,7 +526,7 @@ def prioritized_segments(priorities, num_minibatches, alpha, beta):
 
 
 def minibatches(advantages, args: Args, beta):
-    """[12] Shuffled samples, weight None; or [29] whole env segments (columns of the rollout) by priority."""
+    """[8] Shuffled samples, weight None; or [29] whole env segments (columns of the rollout) by priority."""
     if args.prio_alpha == 0:
         return [(mb_inds, None) for mb_inds in minibatch_indices(args.local_batch_size, args.local_minibatch_size)]
     envs, weights = prioritized_segments(
@@ -673,7 +546,7 @@ def weighted_mean(x, weights=None):
 
 
 def log_episodes(episodes, infos, global_step, tag):
-    """[4] Keep every episode that ended in a step, not only the first; they are logged once per iteration."""
+    """[9] Keep every episode that ended in a step, not only the first; they are logged once per iteration."""
     for i in np.flatnonzero(infos.get("_episode", [])):
         episodes.append((tag, global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
 
@@ -694,6 +567,9 @@ class ToDevice:
         if key not in self.pinned:  # an env's arrays keep their shape and dtype
             self.pinned[key] = torch.empty_like(host).pin_memory()
         return self.pinned[key].copy_(host).to(self.device, non_blocking=True)
+
+
+# ── end pinned copies ──
 
 
 # ── torchrun [30]: data parallelism, one flattened all-reduce of the gradients per step, global statistics ──
@@ -933,7 +809,7 @@ def evaluate_saved(args: Args):
     path, ckpt = load_checkpoint(args.eval_only, "eval-only")
     if isinstance(ckpt, dict) and "model" in ckpt:
         check_checkpoint(path, ckpt, args, NETWORK_FLAGS, "eval-only")
-    agent = Agent(15, args.feature_dim, args.init_fn, args.hidden_dim)
+    agent = Agent((64, 64, 3), 15, args.feature_dim, args.init_fn, args.hidden_dim)
     load_weights(agent, path, "eval-only")
     device = torch.device(args.device)
     agent = agent.to(device)
@@ -964,13 +840,16 @@ def evaluate_saved(args: Args):
 def train(args: Args):
     given = dataclasses.asdict(args)  # the flags as given: checkpoints keep them, `--resume` makes them the defaults
     check_args(args)
-    if args.tune_malloc:
-        tune_malloc()
+    with contextlib.suppress(OSError, AttributeError):  # [18] speed only: glibc's heap kept whole, not glibc: nothing
+        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)) if args.tune_malloc else ():  # M_MMAP_MAX 0, ...
+            ctypes.CDLL("libc.so.6").mallopt(option, value)
     # ── divergence guard [26]: a non-finite network output must reach the guard, not raise in torch.distributions ──
     torch.distributions.Distribution.set_default_validate_args(False)
+    # ── end divergence guard ──
     # ── evaluation [27] ──
     if args.eval_only is not None:
         return evaluate_saved(args)
+    # ── end evaluation ──
     device = torch.device(args.device)
     # ── torchrun [30] ──
     if args.world_size > 1:
@@ -981,6 +860,7 @@ def train(args: Args):
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{os.environ.get('TORCHELASTIC_RUN_ID', int(time.time()))}"
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and glob.glob(f"runs/{run_name}/checkpoints/iter_*"):
         args.resume = args.resume or f"runs/{run_name}"  # torchrun restarted the job: continue its run
+    # ── end torchrun ──
     # ── checkpoints [25]: resume ──
     ckpt = None
     if args.resume is not None:
@@ -1014,8 +894,8 @@ def train(args: Args):
     )
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-    print(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on {device}; "
-          f"logs in runs/{run_name} (tensorboard --logdir runs)", flush=True)  # fmt: skip
+    console(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on {device}; "
+            f"logs in runs/{run_name} (tensorboard --logdir runs)")  # fmt: skip
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -1025,14 +905,15 @@ def train(args: Args):
     torch.backends.cudnn.benchmark = not args.torch_deterministic  # GPUs only: set either way, torch's defaults vary
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not args.torch_deterministic
 
-    # env setup: [3] training levels [start_level, start_level + num_levels), held-out test envs on all levels
+    # env setup: [10] training levels [start_level, start_level + num_levels), held-out test envs on all levels
     game = dict(env_name=args.env_id, distribution_mode=args.distribution_mode, num_threads=args.env_threads)
     env_seed = args.seed + 7919 * args.rank  # [30] every process plays its own levels
     envs = ProcgenVecEnv(
         args.local_num_envs, env_seed, num_levels=args.num_levels, start_level=args.start_level, **game
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    if args.norm_reward:  # [5] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "`dones` below needs same-step resets"
+    if args.norm_reward:  # [11] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
         envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     if args.eval_interval > 0:
@@ -1043,37 +924,41 @@ def train(args: Args):
         test_envs = gym.wrappers.vector.RecordEpisodeStatistics(test_envs)
         test_obs = torch.as_tensor(test_envs.reset()[0], device=device)
 
-    agent = Agent(envs.single_action_space.n, args.feature_dim, args.init_fn, args.hidden_dim)
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n, args.feature_dim, args.init_fn,
+                  args.hidden_dim)  # fmt: skip
     # ── RND [33] ──
     if args.intrinsic_coef > 0:
         agent.rnd = RND(args.local_num_envs, args.gamma, args.world_size)
     if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
         load_weights(agent, args.init_model, "init-model")
+    # ── end RND ──
     # ── bf16 autocast [31] ──
     if args.autocast == "bf16":  # the encoders alone: bf16 heads would round logits and values before the ratio
         for name, module in agent.named_children():
             if name in ("network", "value_network"):
                 autocast_bf16(module)
+    # ── end bf16 autocast ──
     agent = agent.to(device)
     # ── torchrun [30]: the same starting weights everywhere, but each process samples its own actions ──
     if args.world_size > 1:
         for p in agent.parameters():
             dist.broadcast(p.data, src=0)
         torch.manual_seed(args.seed + args.rank)
-    # [8] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
+    # ── end torchrun ──
+    # [12] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
 
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
-    obs = torch.zeros((args.num_steps, envs.num_envs, 64, 64, 3), dtype=torch.uint8, device=device)
+    obs = torch.zeros((args.num_steps, *envs.observation_space.shape), dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, envs.num_envs), dtype=torch.long, device=device)
     logprobs, rewards, dones, values = (torch.zeros((args.num_steps, envs.num_envs), device=device) for _ in range(4))
     to_device = ToDevice(device)  # [34] pinned copies
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
-    next_obs = torch.as_tensor(envs.reset(seed=args.seed)[0], device=device)
+    next_obs = torch.as_tensor(envs.reset()[0], device=device)  # procgen's levels were seeded when it was made
     next_done = torch.zeros(envs.num_envs, device=device)
-    recent_returns, recent_test_returns = deque(maxlen=100), deque(maxlen=100)  # for the console
+    recent_returns, recent_test_returns, start_time = deque(maxlen=100), deque(maxlen=100), time.time()  # the console
     # ── checkpoints [25]: continue exactly: weights, optimizer, games, wrapper statistics, random states, counters ──
     start_iteration = 1
     if ckpt:
@@ -1094,7 +979,7 @@ def train(args: Args):
         recent_test_returns.extend(ckpt.get("recent_test_returns", []))
     stop = GracefulStop()
     # ── end checkpoints ──
-    start_time, start_step = time.time(), global_step  # the steps per second count from here
+    start_time, start_step = time.time(), global_step  # [25] the steps per second count from here, on a resume too
     # ── the status line: drawn by `progress`, on rank 0's terminal only ──
     if sys.stdout.isatty() and args.rank == 0 and not isinstance(sys.stdout, StatusLine):
         sys.stdout = StatusLine(sys.stdout)
@@ -1112,7 +997,7 @@ def train(args: Args):
         where = f"iter {iteration}/{args.num_iterations}"  # the status line
         last_good = {"iteration": iteration - 1, "model": copy.deepcopy(agent.state_dict()),
                      "optimizer": copy.deepcopy(optimizer.state_dict())}  # fmt: skip  # [26] divergence guard
-        if args.anneal_lr:  # [9] learning-rate annealing over the whole run
+        if args.anneal_lr:  # [13] learning-rate annealing over the whole run
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
             optimizer.param_groups[0]["lr"] = lrnow
@@ -1142,7 +1027,7 @@ def train(args: Args):
             progress(f"{where}  rollout {step + 1}/{args.num_steps}")
 
         eval_start = time.perf_counter()  # [32]
-        if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [3] held-out levels, the same policy
+        if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [10] held-out levels, the same policy
             for _ in range(args.num_steps):
                 with torch.no_grad():
                     test_action = agent.get_action_and_value(test_obs)[0]
@@ -1151,29 +1036,35 @@ def train(args: Args):
                 log_episodes(episodes, test_infos, global_step, "test_")
 
         eval_time, update_start = time.perf_counter() - eval_start, time.perf_counter()  # [32]
-        # ── RND [33]: the intrinsic reward joins the extrinsic one before GAE (rllte adds it after GAE, where it never
-        # reaches the update); in pretraining it replaces it ──
+        # ── RND [33] ──: the intrinsic reward joins the extrinsic one before GAE (rllte adds it after GAE, where it
+        # never reaches the update); in pretraining it replaces it
         if args.intrinsic_coef > 0:
             next_obs_seq = torch.cat([obs[1:], next_obs[None]])  # the observation each step led to
             intrinsic = agent.rnd.intrinsic_reward(obs, next_obs_seq, args.local_minibatch_size)
             rewards.mul_(0.0 if args.pretraining else 1.0).add_(args.intrinsic_coef * intrinsic)
+        # ── end RND ──
         # bootstrap value if not done
         with torch.no_grad():
             next_value = agent.get_value(next_obs).reshape(1, -1)
         advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
         # flatten the batch
-        b_obs = obs.reshape((-1, 64, 64, 3))
+        b_obs = obs.reshape((-1, *envs.single_observation_space.shape))
         b_logprobs = logprobs.reshape(-1)
         b_actions = actions.reshape(-1)
+        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
         b_values = values.reshape(-1)
+        # [14] Advantage normalisation over the whole batch, once (OpenAI's PPG code), not per minibatch as in CleanRL.
+        if args.norm_adv:
+            b_mean, b_std = global_mean_std(b_advantages, args.world_size)  # [30] over all processes' batches
+            b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
 
         # Optimizing the policy and value network
         clipfracs = []  # kept on the device, read once when logged: no sync per minibatch
         rho_clipfracs, mb_weight_means = [], []  # [28], [29]
         beta = args.prio_beta0 + (1 - args.prio_beta0) * (iteration - 1) / max(1, args.num_iterations - 1)  # [29]
         for epoch in range(args.update_epochs):  # noqa: B007
-            # ── V-trace [28]: from the second epoch on, the current policy's ratios reweight the TD errors (once per
-            # epoch, by one pass over the batch; in the first epoch the ratio is 1, and this is GAE) ──
+            # ── V-trace [28] ──: from the second epoch on, the current policy's ratios reweight the TD errors (once per
+            # epoch, by one pass over the batch; in the first epoch the ratio is 1, and this is GAE)
             if args.vtrace and epoch > 0:
                 with torch.no_grad():
                     mbs = args.local_minibatch_size  # the pass goes in minibatch-sized chunks, like the update
@@ -1186,11 +1077,11 @@ def train(args: Args):
                     advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma,
                                                       args.gae_lambda, ratio, *clips)  # fmt: skip
                     rho_clipfracs.append((ratio > args.vtrace_rho_clip).float().mean())
-            b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-            # [11] Advantage normalisation over the whole batch (OpenAI's PPG code), not per minibatch as in CleanRL.
-            if args.norm_adv:
-                b_mean, b_std = global_mean_std(b_advantages, args.world_size)  # [30] over all processes' batches
-                b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
+                b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
+                if args.norm_adv:  # [14] normalised again, as they were before the first epoch
+                    b_mean, b_std = global_mean_std(b_advantages, args.world_size)
+                    b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
+            # ── end V-trace ──
             for mb_inds, mb_weights in minibatches(advantages, args, beta):  # [29]
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
@@ -1258,8 +1149,8 @@ def train(args: Args):
         writer.add_scalar("charts/SPS", int(sps), global_step)
         took, left = time.time() - iteration_start, (args.num_iterations * args.batch_size - global_step) / sps / 60
         means = [np.mean(r or [np.nan]) for r in (recent_returns, recent_test_returns)]
-        print(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
-              f"{left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}", flush=True)  # fmt: skip
+        console(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
+                f"{left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}")  # fmt: skip
 
         # ── divergence guard [26]: a non-finite loss or parameter stops the run before it reaches a checkpoint ──
         watched = {"losses/policy_loss": pg_loss, "losses/value_loss": v_loss, "losses/entropy": entropy_loss}
@@ -1276,6 +1167,7 @@ def train(args: Args):
             writer.close()
             stop.restore()
             raise SystemExit(3)
+        # ── end divergence guard ──
 
         # ── checkpoints [25]: at the interval, and when a signal asked to stop ──
         signum = int(rank_reduce([stop.signum or 0], args.world_size, mean=False)[0])  # any process's signal stops all
@@ -1321,20 +1213,207 @@ def train(args: Args):
         max_diff = rank_reduce([(flat - reference).abs().max().item()], args.world_size, mean=False)[0]
         writer.add_scalar("charts/ranks_max_param_diff", max_diff, global_step)
         dist.destroy_process_group()
+    # ── end torchrun ──
 
-    if args.save_model and args.rank == 0:
-        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        torch.save(agent.state_dict(), model_path)
-        print(f"model saved to {model_path}", flush=True)
     envs.close()
     if args.eval_interval > 0:
         test_envs.close()
     writer.close()
     stop.restore()  # [25]
+    if (
+        args.save_model and args.rank == 0
+    ):  # serialised first, so that a failed write (a full disk) is one line with the system's reason
+        model_path, buffer = f"runs/{run_name}/{args.exp_name}.cleanrl_model", io.BytesIO()
+        torch.save(agent.state_dict(), buffer)
+        try:
+            with open(model_path, "wb") as f:
+                f.write(buffer.getbuffer())
+        except OSError as exc:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(model_path)  # no partial file
+            sys.exit(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept")
+        console(f"model saved to {model_path}")
     if isinstance(sys.stdout, StatusLine):  # the status line ends with the run
         sys.stdout = sys.stdout.restore()
     return run_name
 
 
+# Command-line plumbing: every flag's rule, checked before anything is built or written, and the output directories.
+RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal: its type
+    ("exp_name", "wandb_project_name", "wandb_entity"): ("must not contain /", lambda v, a: "/" not in (v or "")),
+    ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
+    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v)),
+    ("env_id",): (f"must be a Procgen game: {', '.join(PROCGEN_GAMES)}", lambda v, a: v in PROCGEN_GAMES),
+    ("distribution_mode",): ("is not made for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split()),
+    ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
+    ("num_envs", "num_eval_envs", "num_steps", "feature_dim"): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
+    # ── the rules of the features' flags ──
+    ("env_threads",): ("must be in [0, 256]", lambda v, a: 0 <= v <= 256),
+    ("minibatch_size",): (
+        "must divide --num-envs x --num-steps, or None",
+        lambda v, a: v is None or 0 < v and a.num_envs * a.num_steps % v == 0,
+    ),
+    ("hidden_dim",): ("must be in [0, 65536]", lambda v, a: 0 <= v <= 2**16),
+    ("checkpoint_interval",): ("must be >= 0 (0: only on a signal)", lambda v, a: v >= 0),
+    ("keep_checkpoints", "eval_episodes", "vtrace_rho_clip", "vtrace_c_clip"): ("must be positive", lambda v, a: v > 0),
+    ("resume", "eval_only", "init_model"): ("must be a path, or None", lambda v, a: v is None or v.strip() != ""),
+    ("prio_alpha", "intrinsic_coef"): ("must be >= 0", lambda v, a: v >= 0),
+    ("prio_beta0",): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
+    ("rnd_update_proportion",): ("must be in (0, 1]", lambda v, a: 0 < v <= 1),
+    ("pretraining",): ("needs an intrinsic reward: --intrinsic-coef > 0", lambda v, a: not v or a.intrinsic_coef > 0),
+    ("backend",): ("must be gloo, nccl or None", lambda v, a: v in (None, "gloo", "nccl")),
+    # ── end the rules of the features' flags ──
+    ("total_timesteps",): ("must hold one batch: --num-envs x --num-steps", lambda v, a: v >= a.num_envs * a.num_steps),
+    ("learning_rate",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
+    ("adam_eps",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
+    ("gamma", "gae_lambda"): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
+    ("num_minibatches",): ("must divide the batch", lambda v, a: v > 0 and a.num_envs * a.num_steps % v == 0),
+    ("update_epochs", "clip_coef", "max_grad_norm", "clip_reward"): ("must be positive", lambda v, a: v > 0),
+    ("ent_coef", "vf_coef"): ("must be >= 0", lambda v, a: v >= 0),
+    ("clip_range_vf", "target_kl"): ("must be positive, or None: off", lambda v, a: v is None or v > 0),
+    ("track",): ("needs wandb: pip install wandb", lambda v, a: not v or importlib.util.find_spec("wandb")),
+    ("capture_video",): ("records the test env: needs --eval-interval > 0", lambda v, a: not v or a.eval_interval > 0),
+}
+WARNINGS = {  # legal, but almost always a mistake: one line says why, and the run goes on
+    ("total_timesteps",): ("over 1% is not run: only whole iterations run", lambda v, a: v % a.batch_size > v / 100),
+    ("eval_interval",): ("is more than the iterations: the test env never runs", lambda v, a: v > a.num_iterations),
+    ("learning_rate",): ("is far above the 1e-4 to 1e-3 that Adam is used with", lambda v, a: v > 0.01),
+    # ── the warnings of the features' flags ──
+    ("checkpoint_interval",): (
+        "is more than the iterations: only a signal writes a checkpoint",
+        lambda v, a: v > a.num_iterations,
+    ),
+    ("vtrace_rho_clip",): ("has no effect without --vtrace", lambda v, a: v != Args.vtrace_rho_clip and not a.vtrace),
+    ("vtrace_c_clip",): ("has no effect without --vtrace", lambda v, a: v != Args.vtrace_c_clip and not a.vtrace),
+    ("prio_beta0",): ("has no effect without --prio-alpha > 0", lambda v, a: v != Args.prio_beta0 and not a.prio_alpha),
+    ("rnd_update_proportion",): (
+        "has no effect without --intrinsic-coef > 0",
+        lambda v, a: v != Args.rnd_update_proportion and not a.intrinsic_coef,
+    ),
+    ("eval_episodes",): ("has no effect without --eval-only", lambda v, a: v != Args.eval_episodes and not a.eval_only),
+    ("eval_train_levels",): ("has no effect without --eval-only", lambda v, a: v and not a.eval_only),
+    # ── end the warnings of the features' flags ──
+}
+
+
+def arg_error(flag: str, rule: str, value=None):
+    """One line naming the flag, its rule and its value, exit status 2: no traceback for a user's mistake."""
+    value = "" if value is None else f" {value}"
+    print(f"{SCRIPT}.py: error: --{flag.replace('_', '-')}{value}: {rule}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_args(args: Args) -> None:
+    """Stop at the first flag that breaks its rule; then compute batch_size, minibatch_size and the iterations."""
+    if args.minibatch_size:  # rllte's way to size minibatches: it sets num_minibatches
+        args.num_minibatches = max(args.num_envs * args.num_steps // args.minibatch_size, 1)
+    for flags, (rule, ok) in RULES.items():
+        for flag in flags:
+            value = getattr(args, flag)
+            finite = not isinstance(value, float) or np.isfinite(value)
+            if not (finite and ok(value, args)):
+                arg_error(flag, rule if finite else "must be a finite number", value)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    device = auto if args.device == "auto" else args.device
+    # ── torchrun [30]: a process's `cuda` is its local rank's GPU, set before anything touches a GPU ──
+    local_rank = int(os.environ.get("LOCAL_RANK", "-1"))
+    if local_rank >= 0 and device.startswith("cuda") and torch.cuda.is_available():
+        if device != "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every process on one GPU
+            arg_error("device", "under torchrun each process takes its local rank's GPU: --device cuda", args.device)
+        if local_rank >= torch.cuda.device_count():
+            arg_error("device", f"LOCAL_RANK {local_rank} has no GPU: {torch.cuda.device_count()} visible; run at most "
+                      "that many processes per node, or --device cpu", args.device)  # fmt: skip
+        torch.cuda.set_device(local_rank)
+        device = f"cuda:{local_rank}"
+    # ── end torchrun ──
+    try:  # the device must work on this machine and in this torch build
+        args.device = str(torch.zeros(0, device=device).device)
+    except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
+        arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", args.device)
+    if args.backend == "nccl" and not args.device.startswith("cuda"):  # [30] NCCL reduces GPU tensors only
+        arg_error("backend", f"reduces GPU tensors: needs a CUDA --device, not {args.device} (gloo on CPU)", "nccl")
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    # ── feature rules that span flags ──
+    if args.init_model is not None and args.resume is not None:
+        arg_error("init-model", "cannot be combined with --resume", args.init_model)
+    if args.resume is not None and args.eval_only is not None:
+        arg_error("eval-only", "cannot be combined with --resume", args.eval_only)
+    # ── end feature rules that span flags ──
+    # ── torchrun [30]: every process owns num_envs / world_size envs and its share of each minibatch ──
+    args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    for flag in ("num_envs", "num_eval_envs", "minibatch_size"):
+        if getattr(args, flag) % args.world_size:
+            arg_error(flag, f"must divide among the {args.world_size} processes of torchrun", getattr(args, flag))
+    args.local_num_envs = args.num_envs // args.world_size
+    args.local_batch_size = args.local_num_envs * args.num_steps
+    args.local_minibatch_size = args.minibatch_size // args.world_size
+    if args.prio_alpha > 0 and args.local_num_envs % args.num_minibatches:
+        arg_error("prio-alpha", "samples whole env segments: each process's envs must be a multiple of "
+                  "--num-minibatches", args.prio_alpha)  # fmt: skip
+    # ── end torchrun ──
+    # memory in bytes: the rollout (a uint8 frame, 6 numbers a step), activations (1.5 MiB a sample), games (0.3 MiB)
+    need = args.local_batch_size * 12312 + 1.5 * 2**20 * args.local_minibatch_size  # [30] this process's share
+    need += 0.3 * 2**20 * (args.num_envs + args.num_eval_envs) / args.world_size
+    free = torch.cuda.mem_get_info(args.device)[0] if args.device.startswith("cuda") else host_memory()
+    sizes = (f"num-envs {args.num_envs} x --num-steps {args.num_steps} / --num-minibatches {args.num_minibatches}, "
+             f"--num-eval-envs {args.num_eval_envs}")  # fmt: skip
+    what = f"need {need / 2**30:.1f} GiB on {args.device}, {free / 2**30:.1f} GiB free"
+    if need > free:
+        arg_error(sizes, what)
+    if need > 0.75 * free:
+        print(f"{SCRIPT}.py: warning: --{sizes}: {what}", file=sys.stderr)
+    for flags, (why, odd) in WARNINGS.items():
+        for flag in (flag for flag in flags if odd(getattr(args, flag), args)):
+            print(f"{SCRIPT}.py: warning: --{flag.replace('_', '-')} {getattr(args, flag)}: {why}", file=sys.stderr)
+
+
+# ── parse_args: tyro's parse errors in one line ──
+def parse_args(argv=None, **tyro_kwargs) -> Args:
+    """The command line (or `argv`) as Args; a parse error of tyro's is one line too, with exit status 2."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as box:
+            return tyro.cli(Args, args=argv, **tyro_kwargs)
+    except SystemExit as exc:
+        if exc.code:  # 0 is --help; else keep the box's first paragraph below its title: "Error parsing --seed: ..."
+            paragraph = (re.split("[─-]{3,}", box.getvalue()) + ["", "see --help"])[1].replace("│", " ")
+            print(f"{SCRIPT}.py: error:", *paragraph.strip("╮").split(), file=sys.stderr)
+            exc.code = 2
+        raise
+
+
+# ── end parse_args: tyro's parse errors in one line ──
+
+
+def host_memory():
+    """The host's free memory: Linux's MemAvailable, what can be taken without swapping; elsewhere unknown."""
+    with contextlib.suppress(OSError), open("/proc/meminfo") as meminfo:
+        return float(re.search(r"MemAvailable:\s+(\d+)", meminfo.read())[1]) * 1024
+    return float("inf")
+
+
+def make_dir(path: str, flag: str) -> str:
+    """Create an output directory before any work starts, or stop with one line saying why it cannot be written."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        arg_error(flag, f"cannot write {path}/: {exc.strerror or exc}")
+    return path
+
+
+def console(text):
+    """Print a line; once nothing reads stdout (a closed pipe), the lines go nowhere and the run goes on."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's last flush goes there too
+
+
 if __name__ == "__main__":
-    train(parse_args(default=cli_defaults(sys.argv[1:])))  # [25] a checkpoint's flags as the defaults
+    try:
+        train(parse_args(default=cli_defaults(sys.argv[1:])))  # [25] a checkpoint's flags as the defaults
+    except BrokenPipeError:  # nothing reads the output any more: exit quietly, as command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

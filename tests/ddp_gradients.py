@@ -17,7 +17,7 @@ from ddp_setup import load_and_join
 script, out_path, rank, world = load_and_join()
 args = tyro.cli(script.Args, args=["--num-envs", "4", "--num-steps", "8"])
 torch.manual_seed(0)
-agent = script.Agent(15, args.feature_dim, args.init_fn, *([args.arch] if hasattr(args, "arch") else []))
+agent = script.Agent((64, 64, 3), 15, args.feature_dim, args.init_fn, *([args.arch] if hasattr(args, "arch") else []))
 g = torch.Generator().manual_seed(1)
 T, E = 8, 4
 obs = torch.randint(0, 256, (T, E, 64, 64, 3), dtype=torch.uint8, generator=g)

@@ -20,6 +20,7 @@ def gpus(monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
         monkeypatch.setattr(torch.cuda, "set_device", lambda index: asked.append(index))
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**36, 2**36))  # for the memory check
         return asked
 
     return with_count
@@ -108,7 +109,7 @@ def test_bf16_autocast_covers_the_encoders_alone(name, tmp_path, monkeypatch):
     run_name = script.train(script.parse_args(flags if "ppg" in name else [*flags[:-2], "--total-timesteps", "128"]))
     encoders = {"network", "value_network"}  # PPG's dual architecture has a second one
     assert wrapped and all(isinstance(m, torch.nn.Sequential) and len(m) > 2 for m in wrapped)
-    agent = script.Agent(15, 16, "orthogonal", *(["dual"] if "ppg" in name else []))
+    agent = script.Agent((64, 64, 3), 15, 16, "orthogonal", *(["dual"] if "ppg" in name else []))
     assert len(wrapped) == len([n for n, _ in agent.named_children() if n in encoders])
     assert logratios[0].abs().max() < 1e-5, logratios[0].abs().max()
     assert read_scalars(tmp_path / "runs" / run_name)["losses/approx_kl"]
@@ -150,7 +151,7 @@ def test_actions_are_drawn_without_multinomial_and_as_before(name, monkeypatch):
     """The full files draw actions without torch.multinomial (whose checks wait for the GPU), and draw the same
     actions as `Categorical.sample()`, seed for seed."""
     script = load_script(name)
-    agent = script.Agent(15, 32, "orthogonal", *(["dual"] if "ppg" in name else []))
+    agent = script.Agent((64, 64, 3), 15, 32, "orthogonal", *(["dual"] if "ppg" in name else []))
     with torch.no_grad():
         agent.actor.bias.copy_(torch.linspace(-2, 2, 15))  # a policy far from uniform
     obs = torch.randint(0, 256, (64, 64, 64, 3), dtype=torch.uint8)

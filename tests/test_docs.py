@@ -11,7 +11,14 @@ from conftest import ROOT, load_script, parse
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
-DOCUMENTED = ["README.md", *(f"{name}.py" for name in SCRIPTS), "benchmarks/learning.py", "benchmarks/throughput.py"]
+DOCUMENTED = [
+    "README.md",
+    "DETAILS.md",
+    "FEATURES.md",
+    *(f"{name}.py" for name in SCRIPTS),
+    "benchmarks/learning.py",
+    "benchmarks/throughput.py",
+]
 
 
 def commands(path):

@@ -70,7 +70,7 @@ def test_init_sets_the_norm_of_each_output_unit(script, init_fn):
 
 def agent_of(script, init_fn):
     args = [script.Args().feature_dim, init_fn, *(["dual"] if hasattr(script.Args, "arch") else [])]
-    return script.Agent(15, *args)
+    return script.Agent((64, 64, 3), 15, *args)
 
 
 def test_default_trunks_keep_their_frameworks_init_under_orthogonal_heads(script):

@@ -15,7 +15,7 @@ def make_agent(arch, **flags):
     argv = ["--arch", arch] + [x for key, value in flags.items() for x in (f"--{key.replace('_', '-')}", str(value))]
     args = tyro.cli(ppg.Args, args=argv)
     torch.manual_seed(0)
-    return ppg, args, ppg.Agent(15, args.feature_dim, args.init_fn, args.arch)
+    return ppg, args, ppg.Agent((64, 64, 3), 15, args.feature_dim, args.init_fn, args.arch)
 
 
 def random_obs(n):
@@ -110,7 +110,7 @@ def test_an_epoch_without_the_policy_loss_leaves_the_policy_bitwise_unchanged(tm
     args = tyro.cli(ppg.Args, args=flags)
     ppg.train(args)
     names = [
-        name for name, _ in ppg.Agent(15, args.feature_dim, args.init_fn, args.arch).named_parameters()
+        name for name, _ in ppg.Agent((64, 64, 3), 15, args.feature_dim, args.init_fn, args.arch).named_parameters()
     ]  # the optimizer's order
     # per iteration 2 epochs x 2 minibatches: steps 0-1 train both losses, steps 2-3 only the value loss
     for i in range(2 * 4):

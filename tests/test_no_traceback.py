@@ -1,0 +1,129 @@
+"""No traceback, round two: sizes that cannot fit in memory, a console that goes away, Ctrl-C, and a full disk at the
+final model write. Each ends in one line (or quietly), and what was already written stays."""
+
+import contextlib
+import io
+import re
+import resource
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, load_script, only_run_dir, parse, read_scalars, smoke_args
+
+SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
+# sizes that are each legal but together need far more memory than any machine the tests run on: (flags, named)
+TOO_LARGE = [
+    (["--num-envs", "4096", "--num-steps", "4096"], ["--num-envs 4096", "--num-steps 4096"]),  # a 206 GB rollout
+    (["--num-envs", "1024", "--num-minibatches", "1"], ["--num-envs 1024", "--num-minibatches 1"]),  # activations
+    (["--num-eval-envs", "65536", "--num-envs", "65536"], ["--num-eval-envs 65536"]),  # procgen's games
+]
+PPG_TOO_LARGE = [(["--n-iteration", "4096", "--num-steps", "256"], ["--n-iteration 4096"])]  # an 824 GB phase buffer
+
+
+def check(script, argv):
+    """What check_args does with `argv` at the smoke sizes: (exit status, the lines on stderr)."""
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            script.check_args(parse(script, [*smoke_args(script.SCRIPT), "--device", "cpu", *argv]))
+            status = 0
+        except SystemExit as exc:
+            status = exc.code
+    return status, stderr.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_sizes_that_cannot_fit_are_one_line_naming_them(name):
+    script = load_script(name)
+    for argv, named in TOO_LARGE + (PPG_TOO_LARGE if "ppg" in name else []):
+        status, lines = check(script, [*argv, "--total-timesteps", str(2**50)])  # a run that holds those sizes
+        assert status == 2 and len(lines) == 1, (argv, lines)
+        assert lines[0].startswith(f"{name}.py: error: --") and re.search(r"need \d+\.\d GiB on cpu", lines[0])
+        assert all(flag in lines[0] for flag in named), (argv, lines)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_sizes_near_the_free_memory_warn_and_start(name, monkeypatch):
+    """With the host's free memory set around what the smoke run needs: refused below it, warned just above it."""
+    script = load_script(name)
+    monkeypatch.setattr(script, "host_memory", lambda: 0.0)
+    status, lines = check(script, [])
+    need = float(re.search(r"need (\d+\.\d) GiB", lines[0])[1]) * 2**30
+    assert status == 2 and len(lines) == 1
+    monkeypatch.setattr(script, "host_memory", lambda: 1.2 * need)  # over 75% taken: a warning, and the run starts
+    status, lines = check(script, [])
+    assert status == 0 and len(lines) == 1 and lines[0].startswith(f"{name}.py: warning: --num-envs 4 x --num-steps")
+    monkeypatch.setattr(script, "host_memory", lambda: 2 * need)
+    assert check(script, []) == (0, [])
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_help_into_a_reader_that_closes_exits_quietly(name):
+    """`--help | head -1`: the reader goes before the help is written (at once), or after one line (three times, as
+    the race that made it intermittent would have it)."""
+    for read_first in (False, True, True, True):
+        proc = subprocess.Popen([sys.executable, str(ROOT / f"{name}.py"), "--help"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)  # fmt: skip
+        if read_first:
+            assert proc.stdout.readline()
+        proc.stdout.close()
+        assert proc.wait(timeout=120) == 0 and proc.stderr.read() == b""
+
+
+@pytest.mark.parametrize("name", ["ppo_procgen", "ppo_procgen_full"])
+def test_a_run_whose_console_closes_trains_on(name, tmp_path):
+    flags = [*smoke_args(name), "--device", "cpu"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert "logs in runs/" in proc.stdout.readline()
+    proc.stdout.close()  # the reader goes away after the first line
+    assert proc.wait(timeout=300) == 0
+    assert proc.stderr.read() == ""
+    assert len(read_scalars(only_run_dir(tmp_path))["losses/policy_loss"]) == 2  # every iteration logged
+
+
+@pytest.mark.parametrize("name", ["ppo_procgen", "ppg_procgen"])
+def test_ctrl_c_is_one_line_and_the_log_is_kept(name, tmp_path):
+    """A real SIGINT once the first iteration is logged: one line with the step and the run directory; the
+    finished iterations are in the log. (The full files finish the iteration and write a checkpoint instead.)"""
+    flags = [*smoke_args(name), "--device", "cpu", "--total-timesteps", str(128 * 40)]
+    if "ppg" in name:
+        flags += ["--n-iteration", "40"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("iter 1/40"):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    run_dir = only_run_dir(tmp_path)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, err
+    assert re.fullmatch(rf"{name}\.py: stopped at step \d+: runs/{run_dir.name}", lines[0]), lines
+    logged = read_scalars(run_dir)["losses/policy_loss"]
+    assert logged and [step for step, _ in logged] == [128 * i for i in range(1, len(logged) + 1)]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_full_disk_at_the_final_model_write_is_one_line(name, tmp_path):
+    """The checkpoint test's file-size limit, here below the model's size: one line, no partial model, the logs
+    kept."""
+    limit = 200_000  # the event files of a smoke run stay far below it; the IMPALA network's weights do not
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    flags = [*smoke_args(name), "--device", "cpu", "--save-model", "--exp-name", "x"]
+    proc = subprocess.run([sys.executable, str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, preexec_fn=limited)  # fmt: skip
+    run_dir = only_run_dir(tmp_path)
+    model = f"runs/{run_dir.name}/x.cleanrl_model"
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"{name}.py: error: {model} not written: File too large; the logs beside it are kept"
+    )
+    assert not (tmp_path / model).exists()
+    assert len(read_scalars(run_dir)["losses/policy_loss"]) == 2
