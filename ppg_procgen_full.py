@@ -9,6 +9,7 @@ import contextlib
 import copy
 import ctypes
 import dataclasses
+import functools
 import glob
 import importlib.util
 import io
@@ -605,14 +606,12 @@ def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args, progress
 def prioritized_segments(priorities, num_minibatches, alpha, beta):
     """Segment indices (num_minibatches, segments per minibatch) and their importance weights.
 
-    alpha = 0: every segment exactly once, in a random order, weight 1. alpha > 0: independent draws with
-    P(i) = p_i^alpha / sum_j p_j^alpha, weighted by (N P(i))^-beta. The weights are not divided by their
+    Independent draws with P(i) = p_i^alpha / sum_j p_j^alpha (alpha > 0; alpha = 0 is `minibatch_indices`' plain
+    shuffle, chosen in `minibatches`), weighted by (N P(i))^-beta. The weights are not divided by their
     maximum (Metta's choice, not Schaul et al.'s): at beta = 1 they average to 1 under P, so the weighted
     loss estimates the uniform loss at its own scale, and the step size does not shrink with the rarest segment.
     """
     n = len(priorities)
-    if alpha == 0:
-        return np.random.permutation(n).reshape(num_minibatches, -1), np.ones((num_minibatches, n // num_minibatches))
     scaled = (np.asarray(priorities, dtype=np.float64) + 1e-8) ** alpha
     probs = scaled / scaled.sum()
     draws = np.random.choice(n, size=(num_minibatches, n // num_minibatches), p=probs)
@@ -732,6 +731,19 @@ class NullWriter:
         return lambda *args, **kwargs: None
 
 
+def join_processes(args: Args, device):
+    """Under torchrun, join the process group; rank 0 alone prints. Every process, and every restart of the job,
+    agrees on the run's name, and a restarted job continues its run from the newest checkpoint."""
+    if args.world_size > 1:
+        init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
+        if args.rank > 0:  # one process speaks for all
+            sys.stdout = open(os.devnull, "w")
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{os.environ.get('TORCHELASTIC_RUN_ID', int(time.time()))}"
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and glob.glob(f"runs/{run_name}/checkpoints/iter_*"):
+        args.resume = args.resume or f"runs/{run_name}"  # torchrun restarted the job: continue its run
+    return run_name
+
+
 # ── end torchrun ──
 
 
@@ -792,6 +804,9 @@ def save_checkpoint(run_dir, name, state, keep=None):
     return path
 
 
+LOADED = {}  # the last checkpoint read, by path, time and size
+
+
 def load_checkpoint(path, flag):
     """A checkpoint file, or the newest `iter_*.pt` of a run directory; a one-line error for anything else."""
     if os.path.isdir(path):
@@ -801,8 +816,13 @@ def load_checkpoint(path, flag):
         path = found[-1]
     if not os.path.isfile(path):
         arg_error(flag, f"{path}: no such file")
+    key = (os.path.abspath(path), os.stat(path).st_mtime_ns, os.stat(path).st_size)
+    if key in LOADED:  # `--resume` reads a checkpoint's flags (cli_defaults), then its state: once from disk
+        return path, LOADED[key]
     try:  # only load files you trust: a checkpoint holds pickled random states
-        return path, torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        LOADED.clear()
+        LOADED[key] = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        return path, LOADED[key]
     except Exception as exc:  # a truncated or foreign file fails somewhere in torch's zip or pickle layers
         arg_error(flag, f"{path}: not a readable checkpoint, truncated or another format ({type(exc).__name__})")
 
@@ -817,6 +837,19 @@ def check_checkpoint(path, ckpt, args: Args, flags, flag):
         if ckpt["args"][key] != getattr(args, key):
             dashed = key.replace("_", "-")
             arg_error(flag, f"{path}: made with --{dashed} {ckpt['args'][key]}, this run has {getattr(args, key)}")
+
+
+def resume_checkpoint(args: Args):
+    """`--resume`: the checkpoint, checked against this run's flags and processes; None without `--resume`."""
+    if args.resume is None:
+        return None
+    path, ckpt = load_checkpoint(args.resume, "resume")
+    check_checkpoint(path, ckpt, args, NETWORK_FLAGS + ROLLOUT_FLAGS, "resume")
+    if ckpt.get("diagnostic"):
+        arg_error("resume", f"{path}: a diagnostic checkpoint of a diverged run; resume from an iter_*.pt")
+    if len(ckpt["ranks"]) != args.world_size:
+        arg_error("resume", f"{path}: made by {len(ckpt['ranks'])} processes, this run has {args.world_size}")
+    return {**ckpt, "path": path}
 
 
 def load_weights(agent, path, flag):
@@ -840,12 +873,57 @@ def load_weights(agent, path, flag):
     return path
 
 
+def write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args: Args):
+    """The run's state after `iteration`: the weights and the optimizer, and every process's own part (`mine`: its
+    games, random states, ...), gathered and written by rank 0. Its path; None where it could not be written (the
+    warning said why, and the next checkpoint tries again) or on the other ranks."""
+    ranks = gather_objects(mine, args.world_size, everywhere=False)
+    if args.rank > 0:
+        return None
+    state = {
+        "script": SCRIPT, "args": given, "run_name": run_name, "iteration": iteration, "global_step": global_step,
+        "model": agent.state_dict(), "optimizer": optimizer.state_dict(), "ranks": ranks,
+        "recent_returns": list(recent[0]), "recent_test_returns": list(recent[1]),
+    }  # fmt: skip
+    path = save_checkpoint(f"runs/{run_name}", f"iter_{iteration:08d}.pt", state, args.keep_checkpoints)
+    if path is not None:
+        console(f"checkpoint: {path}")
+    return path
+
+
+def stopped_by_signal(signum, iteration, ckpt_path, args: Args):
+    """Say where a run stopped by SIGINT or SIGTERM is, and how to resume it; the exit status, 128 + the signal."""
+    name = signal.Signals(signum).name
+    if args.rank == 0 and ckpt_path is None:
+        console(f"stopped by {name} after iteration {iteration}; no checkpoint was written")
+    elif args.rank == 0:
+        console(f"stopped by {name} after iteration {iteration}, checkpoint {ckpt_path}\n"
+                f"resume with: python {SCRIPT}.py --resume {ckpt_path}")  # fmt: skip
+    return 128 + signum
+
+
+def diverged(agent, losses, last_good, run_name, iteration, given, args: Args):
+    """[26] Whether a loss or a parameter is not finite on any process; if so, rank 0 writes the weights from before
+    this iteration as a diagnostic checkpoint and says which quantity went bad."""
+    watched = {**losses, **dict(agent.named_parameters())}
+    bad = next((key for key, value in watched.items() if not torch.isfinite(value).all()), None)
+    bad = next((b for b in gather_objects(bad, args.world_size) if b is not None), None)  # stop together
+    if bad is not None and args.rank == 0:
+        diagnostic = {**last_good, "script": SCRIPT, "args": given, "diagnostic": True}
+        path = save_checkpoint(f"runs/{run_name}", f"diverged_iter_{iteration:08d}.pt", diagnostic)
+        where = f"are in {path}" if path else "could not be written"
+        print(f"{SCRIPT}.py: diverged at iteration {iteration}: {bad} is not finite; the weights from before this "
+              f"iteration {where}; earlier checkpoints are untouched", file=sys.stderr)  # fmt: skip
+    return bad is not None
+
+
 class GracefulStop:
     """SIGINT/SIGTERM: finish the iteration, write a checkpoint and exit; a second signal exits at once."""
 
     def __init__(self):
         self.signum = None
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in (signal.SIGINT, signal.SIGTERM):  # put back when `train` ends (keeps_process_settings)
+            signal.signal(s, self.handle)
 
     def handle(self, signum, frame):
         name = signal.Signals(signum).name
@@ -855,10 +933,6 @@ class GracefulStop:
         self.signum = signum
         print(f"\n{name}: finishing this iteration, then writing a checkpoint ({name} again exits at once)",
               file=sys.stderr, flush=True)  # fmt: skip
-
-    def restore(self):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
 
 
 def cli_defaults(argv):
@@ -931,10 +1005,36 @@ def evaluate_saved(args: Args):
 # ── end evaluation ──
 
 
+# ── process-wide settings: put back when `train` returns or raises, so that calling it twice starts clean ──
+def keeps_process_settings(train):
+    """The console (the status line's or a silent rank's `sys.stdout`), the SIGINT and SIGTERM handlers, and
+    torch.distributions' argument checks, as they were before `train`."""
+
+    @functools.wraps(train)
+    def wrapper(*args, **kwargs):
+        stdout, handlers = sys.stdout, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        validate = torch.distributions.Distribution._validate_args
+        try:
+            return train(*args, **kwargs)
+        finally:
+            if isinstance(sys.stdout, StatusLine):  # the status line ends with the run
+                sys.stdout.restore()
+            elif sys.stdout is not stdout:  # a silent rank's
+                sys.stdout.close()
+            sys.stdout = stdout
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            torch.distributions.Distribution.set_default_validate_args(validate)
+
+    return wrapper
+
+
+@keeps_process_settings
+# ── end process-wide settings ──
 def train(args: Args):
     given = dataclasses.asdict(args)  # the flags as given: checkpoints keep them, `--resume` makes them the defaults
     check_args(args)
-    with contextlib.suppress(OSError, AttributeError):  # [18] speed only: glibc's heap kept whole, not glibc: nothing
+    with contextlib.suppress(OSError, AttributeError):  # [18] speed only: one glibc heap, never trimmed (or unmapped)
         for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)) if args.tune_malloc else ():  # M_MMAP_MAX 0, ...
             ctypes.CDLL("libc.so.6").mallopt(option, value)
     # ── divergence guard [26]: a non-finite network output must reach the guard, not raise in torch.distributions ──
@@ -946,33 +1046,16 @@ def train(args: Args):
     # ── end evaluation ──
     device = torch.device(args.device)
     # ── torchrun [30] ──
-    if args.world_size > 1:
-        init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
-        if args.rank > 0:  # one process speaks for all
-            sys.stdout = open(os.devnull, "w")
-    # under torchrun every process, and every restart of the job, agrees on the run's name
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{os.environ.get('TORCHELASTIC_RUN_ID', int(time.time()))}"
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and glob.glob(f"runs/{run_name}/checkpoints/iter_*"):
-        args.resume = args.resume or f"runs/{run_name}"  # torchrun restarted the job: continue its run
+    run_name = join_processes(args, device)
     # ── end torchrun ──
     # ── checkpoints [25]: resume ──
-    ckpt = None
-    if args.resume is not None:
-        resume_path, ckpt = load_checkpoint(args.resume, "resume")
-        check_checkpoint(resume_path, ckpt, args, NETWORK_FLAGS + ROLLOUT_FLAGS, "resume")
-        if ckpt.get("diagnostic"):
-            arg_error("resume", f"{resume_path}: a diagnostic checkpoint of a diverged run; resume from an iter_*.pt")
-        if len(ckpt["ranks"]) != args.world_size:
-            arg_error(
-                "resume", f"{resume_path}: made by {len(ckpt['ranks'])} processes, this run has {args.world_size}"
-            )
-        run_name = ckpt["run_name"]
-        if ckpt["iteration"] >= args.num_iterations:  # nothing left to do: say so, and write nothing
-            if args.rank == 0:
-                print(f"runs/{run_name} is complete: {ckpt['iteration']} of {args.num_iterations} iterations, "
-                      f"{ckpt['global_step']} steps; to extend it: python {SCRIPT}.py --resume runs/{run_name} "
-                      f"--total-timesteps {2 * args.total_timesteps}")  # fmt: skip
-            return run_name
+    ckpt = resume_checkpoint(args)
+    run_name = ckpt["run_name"] if ckpt else run_name
+    if ckpt and ckpt["iteration"] >= args.num_iterations:  # nothing left to do: say so, and write nothing
+        console(f"runs/{run_name} is complete: {ckpt['iteration']} of {args.num_iterations} iterations, "
+                f"{ckpt['global_step']} steps; to extend it: python {SCRIPT}.py --resume runs/{run_name} "
+                f"--total-timesteps {2 * args.total_timesteps}")  # fmt: skip
+        return run_name
     # ── end resume ──
     if args.track and args.rank == 0:
         import wandb
@@ -1075,7 +1158,7 @@ def train(args: Args):
         aux_obs[:, : mine["aux_obs"].shape[1]] = mine["aux_obs"].to(device)  # [23] the phase so far
         aux_returns[:, : mine["aux_returns"].shape[1]] = mine["aux_returns"].to(device)
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        print(f"resumed from {resume_path}: iteration {ckpt['iteration']}, step {global_step}", flush=True)
+        console(f"resumed from {ckpt['path']}: iteration {ckpt['iteration']}, step {global_step}")
         recent_returns.extend(ckpt.get("recent_returns", []))  # the console's averages go on as if never stopped
         recent_test_returns.extend(ckpt.get("recent_test_returns", []))
     stop = GracefulStop()
@@ -1276,19 +1359,9 @@ def train(args: Args):
                     + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items()))  # fmt: skip
 
         # ── divergence guard [26]: a non-finite loss or parameter stops the run before it reaches a checkpoint ──
-        watched = {"losses/policy_loss": pg_loss, "losses/value_loss": v_loss, "losses/entropy": entropy_loss}
-        watched.update(agent.named_parameters())
-        bad = next((key for key, value in watched.items() if not torch.isfinite(value).all()), None)
-        bad = next((b for b in gather_objects(bad, args.world_size) if b is not None), None)  # stop together
-        if bad is not None:
-            if args.rank == 0:
-                diagnostic = {**last_good, "script": SCRIPT, "args": given, "diagnostic": True}
-                path = save_checkpoint(f"runs/{run_name}", f"diverged_iter_{iteration:08d}.pt", diagnostic)
-                where = f"are in {path}" if path else "could not be written"
-                print(f"{SCRIPT}.py: diverged at iteration {iteration}: {bad} is not finite; the weights from before "
-                      f"this iteration {where}; earlier checkpoints are untouched", file=sys.stderr)  # fmt: skip
+        losses = {"losses/policy_loss": pg_loss, "losses/value_loss": v_loss, "losses/entropy": entropy_loss}
+        if diverged(agent, losses, last_good, run_name, iteration, given, args):
             writer.close()
-            stop.restore()
             raise SystemExit(3)
         # ── end divergence guard ──
 
@@ -1312,30 +1385,11 @@ def train(args: Args):
                 "aux_obs": aux_obs[:, : iteration % args.n_iteration * envs.num_envs].cpu(),
                 "aux_returns": aux_returns[:, : iteration % args.n_iteration * envs.num_envs].cpu(),
             }  # fmt: skip
-            ranks = gather_objects(mine, args.world_size, everywhere=False)
-            ckpt_path = f"runs/{run_name}/checkpoints/iter_{iteration:08d}.pt"
-            if args.rank == 0:
-                state = {
-                    "script": SCRIPT, "args": given, "run_name": run_name, "iteration": iteration,
-                    "global_step": global_step, "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                    "ranks": ranks, "recent_returns": list(recent_returns),
-                    "recent_test_returns": list(recent_test_returns),
-                }  # fmt: skip
-                if save_checkpoint(f"runs/{run_name}", f"iter_{iteration:08d}.pt", state, args.keep_checkpoints):
-                    print(f"checkpoint: {ckpt_path}", flush=True)
-                else:  # the warning said why; training goes on, and the next checkpoint tries again
-                    ckpt_path = None
+            recent = (recent_returns, recent_test_returns)
+            ckpt_path = write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args)
         if signum:
-            if args.rank == 0 and ckpt_path is None:
-                print(
-                    f"stopped by {signal.Signals(signum).name} after iteration {iteration}; no checkpoint was written"
-                )
-            elif args.rank == 0:
-                print(f"stopped by {signal.Signals(signum).name} after iteration {iteration}, checkpoint {ckpt_path}\n"
-                      f"resume with: python {SCRIPT}.py --resume {ckpt_path}", flush=True)  # fmt: skip
             writer.close()
-            stop.restore()
-            raise SystemExit(128 + signum)
+            raise SystemExit(stopped_by_signal(signum, iteration, ckpt_path, args))
         # ── end checkpoints ──
 
     # ── torchrun [30]: a last check that every process ended with the same weights ──
@@ -1352,7 +1406,6 @@ def train(args: Args):
     if args.eval_interval > 0:
         test_envs.close()
     writer.close()
-    stop.restore()  # [25]
     if (
         args.save_model and args.rank == 0
     ):  # serialised first, so that a failed write (a full disk) is one line with the system's reason
@@ -1366,8 +1419,6 @@ def train(args: Args):
                 os.remove(model_path)  # no partial file
             sys.exit(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept")
         console(f"model saved to {model_path}")
-    if isinstance(sys.stdout, StatusLine):  # the status line ends with the run
-        sys.stdout = sys.stdout.restore()
     return run_name
 
 

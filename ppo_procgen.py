@@ -237,11 +237,11 @@ def log_episodes(episodes, infos, global_step, tag):
 
 def train(args: Args):
     check_args(args)
-    with contextlib.suppress(OSError, AttributeError):  # [18] speed only: glibc's heap kept whole, not glibc: nothing
+    with contextlib.suppress(OSError, AttributeError):  # [18] speed only: one glibc heap, never trimmed (or unmapped)
         for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
             ctypes.CDLL("libc.so.6").mallopt(option, value)
     device = torch.device(args.device)
-    run_name = args.run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     writer = SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"))
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
@@ -281,7 +281,7 @@ def train(args: Args):
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
-    # Ctrl-C: one line saying where the run stopped, not a traceback from inside torch; the log has every iteration
+    # Ctrl-C: one line saying where the run stopped, not a traceback from inside torch; the log keeps what finished
     signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped at step {global_step}: runs/{run_name}"))
     next_obs = torch.as_tensor(envs.reset()[0], device=device)  # procgen's levels were seeded when it was made
     next_done = torch.zeros(envs.num_envs, device=device)

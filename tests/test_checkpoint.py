@@ -283,3 +283,14 @@ def test_resume_into_an_unwritable_run_directory_is_one_line(trained, tmp_path, 
     line = one_error_line(capsys, exc)
     assert line == f"{script.SCRIPT}.py: error: --exp-name: cannot write runs/{run_dir.name}/: Permission denied"
     assert contents(run_dir) == before
+
+
+def test_a_resumed_checkpoint_is_read_from_disk_once(trained, tmp_path, monkeypatch):
+    """`--resume` takes the checkpoint's flags as the defaults (cli_defaults), then its state (train): one read."""
+    script, _, run_dir = copy_of_run(trained, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    reads, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append(a[0]) or load(*a, **k))
+    argv = ["--resume", str(run_dir), "--total-timesteps", "384", "--no-save-model"]
+    script.train(script.parse_args(argv, default=script.cli_defaults(argv)))
+    assert len(reads) == 1, reads

@@ -3,6 +3,7 @@
 import io
 import os
 import platform
+import signal
 import subprocess
 import sys
 
@@ -211,3 +212,29 @@ def test_the_status_line_is_cleared_before_every_printed_line():
     status.show("iter 2/2  rollout 2/32")
     assert status.restore() is terminal
     assert terminal.getvalue().endswith("step 128\n\r\033[Kiter 2/2  rollout 2/32\r\033[K")
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("name", FULL.values())
+def test_train_puts_back_the_process_settings(tmp_path, monkeypatch, name):
+    """What `train` changes for the whole process (sys.stdout for the status line, the SIGINT and SIGTERM handlers,
+    torch.distributions' argument checks) is as before once it returns, and once it raises."""
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdout", Terminal())  # a terminal: the status line takes sys.stdout over
+
+    def settings():
+        handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
+        return sys.stdout, handlers, torch.distributions.Distribution._validate_args
+
+    before = settings()
+    script.train(parse(script, [*smoke_args(name), "--device", "cpu"]))
+    assert settings() == before
+    monkeypatch.setattr(script, "compute_gae", lambda *a, **k: 1 / 0)  # fails mid-run, with everything set
+    with pytest.raises(ZeroDivisionError):
+        script.train(parse(script, [*smoke_args(name), "--device", "cpu", "--exp-name", "again"]))
+    assert settings() == before

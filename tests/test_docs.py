@@ -70,3 +70,15 @@ def test_a_flag_the_lean_scripts_lack_is_caught():
     with pytest.raises(SystemExit):
         check(tokens)
     check(tokens[:-2])  # without it, the same command parses
+
+
+def test_every_numbered_marker_has_its_detail():
+    """Each `[N]` in the scripts' comments points to detail N of DETAILS.md, and every detail is marked somewhere."""
+    details = set(map(int, re.findall(r"^(\d+)\. \*\*", (ROOT / "DETAILS.md").read_text(), re.M)))
+    marked = set()
+    for name in SCRIPTS:
+        for line in (ROOT / f"{name}.py").read_text().splitlines():
+            comment = line[line.index("#") :] if "#" in line else line if line.lstrip().startswith('"""') else ""
+            marked |= {int(n) for n in re.findall(r"\[(\d+)\]", comment)}
+    assert details == set(range(1, 35))
+    assert marked == details, (marked - details, details - marked)

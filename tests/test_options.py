@@ -44,11 +44,14 @@ def test_vtrace_by_hand_with_ratios_above_the_clip(script, rho_clip, expected):
     torch.testing.assert_close(returns, advantages + values)
 
 
-def test_sampler_without_priorities_covers_each_segment_once_per_epoch(script):
+def test_minibatches_without_priorities_cover_each_sample_once_per_epoch(script):
+    """`--prio-alpha 0`, the default: `minibatches` (what `train` calls) shuffles the whole batch, weight None."""
+    args = script.parse_args(["--num-envs", "4", "--num-steps", "8", "--num-minibatches", "4", "--device", "cpu"])
+    script.check_args(args)
     for _ in range(5):
-        segments, weights = script.prioritized_segments(np.random.rand(16), 4, alpha=0.0, beta=0.4)
-        assert segments.shape == (4, 4) and sorted(segments.ravel()) == list(range(16))
-        assert (weights == 1).all()
+        batches = script.minibatches(torch.randn(8, 4), args, beta=0.4)
+        assert [len(mb_inds) for mb_inds, _ in batches] == [8] * 4 and all(w is None for _, w in batches)
+        assert sorted(np.concatenate([mb_inds for mb_inds, _ in batches])) == list(range(32))
 
 
 def test_sampler_frequencies_and_weights_follow_the_priorities(script):
