@@ -873,6 +873,25 @@ def load_weights(agent, path, flag):
     return path
 
 
+def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args: Args):
+    """Continue exactly where `ckpt` stopped: the weights, the optimizer, this process's games with their wrappers'
+    statistics, its random states, and the console's averages. This process's part of the checkpoint, whose next
+    observations (and PPG's phase so far) the caller takes back."""
+    agent.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    mine = ckpt["ranks"][args.rank]  # what belongs to this process: its envs and random states
+    set_env_state(envs, mine["envs"])
+    if mine.get("intrinsic_return") is not None:  # [33] this process's envs' running returns, not rank 0's
+        agent.rnd.intrinsic_return.copy_(mine["intrinsic_return"])
+    if test_envs is not None and mine["test_envs"] is not None:
+        set_env_state(test_envs, mine["test_envs"])
+    set_rng_state(mine["rng"], device)
+    for returns, key in zip(recent, ("recent_returns", "recent_test_returns"), strict=True):
+        returns.extend(ckpt.get(key, []))  # the console's averages go on as if never stopped
+    console(f"resumed from {ckpt['path']}: iteration {ckpt['iteration']}, step {ckpt['global_step']}")
+    return mine
+
+
 def write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args: Args):
     """The run's state after `iteration`: the weights and the optimizer, and every process's own part (`mine`: its
     games, random states, ...), gathered and written by rank 0. Its path; None where it could not be written (the
@@ -1144,23 +1163,14 @@ def train(args: Args):
     # ── checkpoints [25]: continue exactly: weights, optimizer, games, wrapper statistics, random states, counters ──
     start_iteration = 1
     if ckpt:
-        agent.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        mine = ckpt["ranks"][args.rank]  # what belongs to this process: its envs and random states
-        set_env_state(envs, mine["envs"])
+        recent, tests = (recent_returns, recent_test_returns), test_envs if args.eval_interval > 0 else None
+        mine = restore_run(ckpt, agent, optimizer, envs, tests, recent, device, args)
         next_obs, next_done = mine["next_obs"].to(device), mine["next_done"].to(device)
-        if mine.get("intrinsic_return") is not None:  # [33] this process's envs' running returns, not rank 0's
-            agent.rnd.intrinsic_return.copy_(mine["intrinsic_return"])
-        if args.eval_interval > 0 and mine["test_envs"] is not None:
-            set_env_state(test_envs, mine["test_envs"])
+        if tests is not None and mine["test_obs"] is not None:
             test_obs = mine["test_obs"].to(device)
-        set_rng_state(mine["rng"], device)
         aux_obs[:, : mine["aux_obs"].shape[1]] = mine["aux_obs"].to(device)  # [23] the phase so far
         aux_returns[:, : mine["aux_returns"].shape[1]] = mine["aux_returns"].to(device)
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        console(f"resumed from {ckpt['path']}: iteration {ckpt['iteration']}, step {global_step}")
-        recent_returns.extend(ckpt.get("recent_returns", []))  # the console's averages go on as if never stopped
-        recent_test_returns.extend(ckpt.get("recent_test_returns", []))
     stop = GracefulStop()
     # ── end checkpoints ──
     start_time, start_step = time.time(), global_step  # [25] the steps per second count from here, on a resume too
