@@ -1053,7 +1053,7 @@ def keeps_process_settings(train):
 def train(args: Args):
     given = dataclasses.asdict(args)  # the flags as given: checkpoints keep them, `--resume` makes them the defaults
     check_args(args)
-    with contextlib.suppress(OSError, AttributeError):  # [18] speed only: one glibc heap, never trimmed (or unmapped)
+    with contextlib.suppress(OSError, AttributeError):  # [10] speed only: one glibc heap, never trimmed (or unmapped)
         for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)) if args.tune_malloc else ():  # M_MMAP_MAX 0, ...
             ctypes.CDLL("libc.so.6").mallopt(option, value)
     # ── divergence guard [26]: a non-finite network output must reach the guard, not raise in torch.distributions ──
@@ -1101,7 +1101,7 @@ def train(args: Args):
     torch.backends.cudnn.benchmark = not args.torch_deterministic  # GPUs only: set either way, torch's defaults vary
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not args.torch_deterministic
 
-    # env setup: [10] training levels [start_level, start_level + num_levels), held-out test envs on all levels
+    # env setup: [11] training levels [start_level, start_level + num_levels), held-out test envs on all levels
     game = dict(env_name=args.env_id, distribution_mode=args.distribution_mode, num_threads=args.env_threads)
     env_seed = args.seed + 7919 * args.rank  # [30] every process plays its own levels
     envs = ProcgenVecEnv(
@@ -1109,7 +1109,7 @@ def train(args: Args):
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "`dones` below needs same-step resets"
-    if args.norm_reward:  # [11] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
+    if args.norm_reward:  # [12] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
         envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     if args.eval_interval > 0:
@@ -1141,7 +1141,7 @@ def train(args: Args):
             dist.broadcast(p.data, src=0)
         torch.manual_seed(args.seed + args.rank)
     # ── end torchrun ──
-    # [12] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
+    # [13] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
 
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
@@ -1191,7 +1191,7 @@ def train(args: Args):
         where = f"iter {iteration}/{args.num_iterations}"  # the status line
         last_good = {"iteration": iteration - 1, "model": copy.deepcopy(agent.state_dict()),
                      "optimizer": copy.deepcopy(optimizer.state_dict())}  # fmt: skip  # [26] divergence guard
-        if args.anneal_lr:  # [13] learning-rate annealing over the whole run
+        if args.anneal_lr:  # [14] learning-rate annealing over the whole run
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
             optimizer.param_groups[0]["lr"] = lrnow
@@ -1221,7 +1221,7 @@ def train(args: Args):
             progress(f"{where}  rollout {step + 1}/{args.num_steps}")
 
         eval_start = time.perf_counter()  # [32]
-        if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [10] held-out levels, the same policy
+        if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [11] held-out levels, the same policy
             for _ in range(args.num_steps):
                 with torch.no_grad():
                     test_action = agent.get_action_and_value(test_obs)[0]
@@ -1252,7 +1252,7 @@ def train(args: Args):
         b_actions = actions.reshape(-1)
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
         b_values = values.reshape(-1)
-        # [14] Advantage normalisation over the whole batch, once (OpenAI's PPG code), not per minibatch as in CleanRL.
+        # [15] Advantage normalisation over the whole batch, once (OpenAI's PPG code), not per minibatch as in CleanRL.
         if args.norm_adv:
             b_mean, b_std = global_mean_std(b_advantages, args.world_size)  # [30] over all processes' batches
             b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
@@ -1277,7 +1277,7 @@ def train(args: Args):
                                                       args.gae_lambda, ratio, *clips)  # fmt: skip
                     rho_clipfracs.append((ratio > args.vtrace_rho_clip).float().mean())
                 b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-                if args.norm_adv:  # [14] normalised again, as they were before the first epoch
+                if args.norm_adv:  # [15] normalised again, as they were before the first epoch
                     b_mean, b_std = global_mean_std(b_advantages, args.world_size)
                     b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
             # ── end V-trace ──
@@ -1297,7 +1297,7 @@ def train(args: Args):
                 v_loss = weighted_mean(v_loss, mb_weights)  # [29]
                 if mb_weights is not None:
                     mb_weight_means.append(mb_weights.mean())
-                entropy_loss = entropy.mean()  # [15] entropy bonus, keeps exploring
+                entropy_loss = entropy.mean()  # [16] entropy bonus, keeps exploring
                 # [24] E_pi policy epochs and E_V value epochs share their minibatch passes. An epoch past E_pi (or
                 # E_V) leaves that loss out: what only it reaches gets no gradient (None), and Adam skips it; a loss
                 # multiplied by 0 would give zero gradients, and Adam would still move those weights on its momentum.
@@ -1313,12 +1313,12 @@ def train(args: Args):
                 optimizer.zero_grad()
                 loss.backward()
                 all_reduce_grads(agent.parameters(), args.world_size)  # [30]
-                # [16] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
+                # [17] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
                 progress(f"{where}  update, epoch {epoch + 1}")
 
-            # [17] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
+            # [18] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
             if args.target_kl is not None and rank_reduce([approx_kl.item()], args.world_size)[0] > args.target_kl:
                 break
 

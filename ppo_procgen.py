@@ -237,7 +237,7 @@ def log_episodes(episodes, infos, global_step, tag):
 
 def train(args: Args):
     check_args(args)
-    with contextlib.suppress(OSError, AttributeError):  # [18] speed only: one glibc heap, never trimmed (or unmapped)
+    with contextlib.suppress(OSError, AttributeError):  # [10] speed only: one glibc heap, never trimmed (or unmapped)
         for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
             ctypes.CDLL("libc.so.6").mallopt(option, value)
     device = torch.device(args.device)
@@ -256,12 +256,12 @@ def train(args: Args):
     torch.backends.cudnn.benchmark = not args.torch_deterministic  # GPUs only: set either way, torch's defaults vary
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not args.torch_deterministic
 
-    # env setup: [10] training levels [start_level, start_level + num_levels), held-out test envs on all levels
+    # env setup: [11] training levels [start_level, start_level + num_levels), held-out test envs on all levels
     game = dict(env_name=args.env_id, distribution_mode=args.distribution_mode)
     envs = ProcgenVecEnv(args.num_envs, args.seed, num_levels=args.num_levels, start_level=args.start_level, **game)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "`dones` below needs same-step resets"
-    if args.norm_reward:  # [11] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
+    if args.norm_reward:  # [12] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
         envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     if args.eval_interval > 0:
@@ -271,7 +271,7 @@ def train(args: Args):
 
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n, args.feature_dim, args.init_fn)
     agent = agent.to(device)
-    # [12] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
+    # [13] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
@@ -289,7 +289,7 @@ def train(args: Args):
 
     for iteration in range(1, args.num_iterations + 1):
         iteration_start, episodes = time.time(), []
-        if args.anneal_lr:  # [13] learning-rate annealing over the whole run
+        if args.anneal_lr:  # [14] learning-rate annealing over the whole run
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
             optimizer.param_groups[0]["lr"] = lrnow
@@ -311,7 +311,7 @@ def train(args: Args):
             next_done = torch.as_tensor(np.logical_or(terminations, truncations), device=device, dtype=torch.float32)
             log_episodes(episodes, infos, global_step, "")
 
-        if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [10] held-out levels, the same policy
+        if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [11] held-out levels, the same policy
             for _ in range(args.num_steps):
                 with torch.no_grad():
                     test_action = agent.get_action_and_value(test_obs)[0]
@@ -329,7 +329,7 @@ def train(args: Args):
         b_actions = actions.reshape(-1)
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
         b_values = values.reshape(-1)
-        # [14] Advantage normalisation over the whole batch, once (OpenAI's PPG code), not per minibatch as in CleanRL.
+        # [15] Advantage normalisation over the whole batch, once (OpenAI's PPG code), not per minibatch as in CleanRL.
         if args.norm_adv:
             b_mean, b_std = b_advantages.mean(), b_advantages.std()
             b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
@@ -349,15 +349,15 @@ def train(args: Args):
                 pg_loss = clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef).mean()
                 v_loss = clipped_value_loss(newvalue[:, 0], b_values[mb_inds], b_returns[mb_inds], args.clip_range_vf)
                 v_loss = v_loss.mean()
-                entropy_loss = entropy.mean()  # [15] entropy bonus, keeps exploring
+                entropy_loss = entropy.mean()  # [16] entropy bonus, keeps exploring
                 loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
                 optimizer.zero_grad()
                 loss.backward()
-                # [16] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
+                # [17] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
 
-            # [17] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
+            # [18] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
             if args.target_kl is not None and approx_kl.item() > args.target_kl:
                 break
 
