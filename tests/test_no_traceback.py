@@ -127,3 +127,18 @@ def test_a_full_disk_at_the_final_model_write_is_one_line(name, tmp_path):
     )
     assert not (tmp_path / model).exists()
     assert len(read_scalars(run_dir)["losses/policy_loss"]) == 2
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_python_without_a_procgen_package_is_one_line(name, tmp_path):
+    """No procgen package is built for Python 3.14 (or 3.9): the version is checked before any package is imported.
+    The script is run as `python script.py --help` by a Python that says it is 3.14."""
+    code = (
+        f"import runpy, sys; sys.version_info = (3, 14, 0, 'final', 0); sys.version = '3.14.0'; "
+        f"sys.argv = [{name!r}, '--help']; runpy.run_path({str(ROOT / f'{name}.py')!r}, run_name='__main__')"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == "", (proc.stdout[-300:], proc.stderr[-300:])
+    assert proc.stderr.strip().splitlines() == [
+        f"{name}.py: error: Python 3.14.0 has no procgen package: use Python 3.10 to 3.13"
+    ]
