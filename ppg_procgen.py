@@ -484,6 +484,7 @@ def train(args: Args):
             (recent_test_returns if tag else recent_returns).append(r)
         sps = global_step / (time.time() - start_time)
         writer.add_scalar("charts/SPS", int(sps), global_step)
+        writer.flush()  # this iteration on disk before it is reported: a stop (Ctrl-C, a kill) loses none of it
         took, left = time.time() - iteration_start, (args.num_iterations * args.batch_size - global_step) / sps / 60
         means = [np.mean(r or [np.nan]) for r in (recent_returns, recent_test_returns)]
         console(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "

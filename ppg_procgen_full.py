@@ -1353,6 +1353,7 @@ def train(args: Args):
             (recent_test_returns if tag else recent_returns).append(r)
         sps = (global_step - start_step) / (time.time() - start_time)
         writer.add_scalar("charts/SPS", int(sps), global_step)
+        writer.flush()  # this iteration on disk before it is reported: a stop (Ctrl-C, a kill) loses none of it
         took, left = time.time() - iteration_start, (args.num_iterations * args.batch_size - global_step) / sps / 60
         means = [np.mean(r or [np.nan]) for r in (recent_returns, recent_test_returns)]
         console(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
@@ -1587,7 +1588,7 @@ def check_args(args: Args) -> None:
     # memory in bytes: the rollout (a uint8 frame, 6 numbers a step), the phase buffer (a frame and a return a step),
     # the activations of a policy or an auxiliary minibatch (1.5 MiB a sample a network), games (0.3 MiB each)
     work = max(args.minibatch_size, args.num_aux_rollouts * args.num_steps) * (2 if args.arch == "dual" else 1)
-    need = args.local_batch_size * (12312 + 12292 * args.n_iteration)  # [30] this process's share
+    need = args.local_batch_size * 12312 + phase_buffer_bytes(args)  # [30] this process's share
     need += (1.5 * work + 0.3 * (args.num_envs + args.num_eval_envs) / args.world_size) * 2**20
     free = torch.cuda.mem_get_info(args.device)[0] if args.device.startswith("cuda") else host_memory()
     sizes = (f"num-envs {args.num_envs} x --num-steps {args.num_steps} / --num-minibatches {args.num_minibatches}, "
@@ -1603,13 +1604,13 @@ def check_args(args: Args) -> None:
             print(f"{SCRIPT}.py: warning: --{flag.replace('_', '-')} {getattr(args, flag)}: {why}", file=sys.stderr)
 
 
-# ── the phase buffer's size, for --help ──
+# ── the phase buffer's size: the memory check's, and --help's ──
 def phase_buffer_bytes(args: Args) -> int:
     """[23] The bytes of this process's phase buffer: observations as uint8, and the returns."""
     return args.num_steps * (args.num_envs // args.world_size) * args.n_iteration * (64 * 64 * 3 + 4)
 
 
-# ── end phase buffer's size ──
+# ── end the phase buffer's size ──
 
 
 # ── parse_args: tyro's parse errors in one line ──

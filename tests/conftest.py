@@ -2,9 +2,12 @@
 
 import contextlib
 import importlib.util
+import io
 import math
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +115,27 @@ def unwritable(path):
         if immutable:
             subprocess.run([chattr, "-i", str(path)], check=True)
         path.chmod(0o755)
+
+
+def outcome(script, argv):
+    """What the entry point does with `argv` before training: (exit status, the lines written to stderr)."""
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            defaults = {"default": script.cli_defaults(argv)} if hasattr(script, "cli_defaults") else {}
+            script.check_args(parse(script, argv, **defaults))
+            status = 0
+        except SystemExit as exc:
+            status = exc.code
+    return status, stderr.getvalue().splitlines()
+
+
+def file_size_limit(limit):
+    """A subprocess's `preexec_fn` for a full disk or a quota: files stop at `limit` bytes, and a write past it fails
+    with EFBIG ("File too large") instead of killing the process."""
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return limited

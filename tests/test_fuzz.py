@@ -3,14 +3,12 @@ pair of fields that a rule ties together gets their combinations. A value either
 and one line naming the flag, or it starts, perhaps after one-line warnings; never a traceback. The cases go through
 `parse_args` and `check_args`, the functions the scripts' entry points call, so they cost no training."""
 
-import contextlib
 import dataclasses
-import io
 import itertools
 import typing
 
 import pytest
-from conftest import load_script, parse
+from conftest import load_script, outcome
 
 SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
 # the edge classes of each type: zero, negative, tiny, huge, overflowing, not a number, empty, unknown, the wrong type
@@ -64,19 +62,6 @@ def dependencies(Args, tables):
         for flags, (_, check) in table.items():
             for flag in flags:
                 yield from ((flag, other) for other in sorted(set(check.__code__.co_names) & names - {flag}))
-
-
-def outcome(script, argv):
-    """What the entry point does with `argv` before training: (exit status, the lines written to stderr)."""
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            defaults = {"default": script.cli_defaults(argv)} if hasattr(script, "cli_defaults") else {}
-            script.check_args(parse(script, argv, **defaults))
-            status = 0
-        except SystemExit as exc:
-            status = exc.code
-    return status, stderr.getvalue().splitlines()
 
 
 def message(script, lines):

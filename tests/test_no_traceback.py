@@ -1,16 +1,14 @@
 """No traceback, round two: sizes that cannot fit in memory, a console that goes away, Ctrl-C, and a full disk at the
 final model write. Each ends in one line (or quietly), and what was already written stays."""
 
-import contextlib
-import io
 import re
-import resource
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
-from conftest import ROOT, load_script, only_run_dir, parse, read_scalars, smoke_args
+from conftest import ROOT, file_size_limit, load_script, only_run_dir, outcome, parse, read_scalars, smoke_args
 
 SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
 # sizes that are each legal but together need far more memory than any machine the tests run on: (flags, named)
@@ -23,15 +21,8 @@ PPG_TOO_LARGE = [(["--n-iteration", "4096", "--num-steps", "256"], ["--n-iterati
 
 
 def check(script, argv):
-    """What check_args does with `argv` at the smoke sizes: (exit status, the lines on stderr)."""
-    stderr = io.StringIO()
-    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            script.check_args(parse(script, [*smoke_args(script.SCRIPT), "--device", "cpu", *argv]))
-            status = 0
-        except SystemExit as exc:
-            status = exc.code
-    return status, stderr.getvalue().splitlines()
+    """What the entry point does with `argv` at the smoke sizes, before training: (exit status, the stderr lines)."""
+    return outcome(script, [*smoke_args(script.SCRIPT), "--device", "cpu", *argv])
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -108,17 +99,11 @@ def test_ctrl_c_is_one_line_and_the_log_is_kept(name, tmp_path):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_a_full_disk_at_the_final_model_write_is_one_line(name, tmp_path):
-    """The checkpoint test's file-size limit, here below the model's size: one line, no partial model, the logs
-    kept."""
-    limit = 200_000  # the event files of a smoke run stay far below it; the IMPALA network's weights do not
-
-    def limited():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of killing
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
+    """The checkpoint test's file-size limit, here below the model's size (the event files of a smoke run stay far
+    below 200,000 bytes; the IMPALA network's weights do not): one line, no partial model, the logs kept."""
     flags = [*smoke_args(name), "--device", "cpu", "--save-model", "--exp-name", "x"]
     proc = subprocess.run([sys.executable, str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, preexec_fn=limited)  # fmt: skip
+                          text=True, timeout=300, preexec_fn=file_size_limit(200_000))  # fmt: skip
     run_dir = only_run_dir(tmp_path)
     model = f"runs/{run_dir.name}/x.cleanrl_model"
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
@@ -142,3 +127,20 @@ def test_a_python_without_a_procgen_package_is_one_line(name, tmp_path):
     assert proc.stderr.strip().splitlines() == [
         f"{name}.py: error: Python 3.14.0 has no procgen package: use Python 3.10 to 3.13"
     ]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_an_iteration_is_on_disk_when_it_is_reported(name, tmp_path, monkeypatch):
+    """What a Ctrl-C or a kill after an iteration's console line keeps: that iteration's log is already on disk. The
+    TensorBoard writer's thread is slowed down, as on a busy machine, so that nothing reaches the disk by chance."""
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    write = RecordWriter.write
+    monkeypatch.setattr(RecordWriter, "write", lambda self, data: time.sleep(0.02) or write(self, data))
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    on_disk = []  # at each iteration's console line: the iterations whose last tag is in the event file
+    monkeypatch.setattr(script, "console", lambda text: text.startswith("iter ") and on_disk.append(
+        len(read_scalars(only_run_dir(tmp_path)).get("charts/SPS", []))))  # fmt: skip
+    script.train(parse(script, [*smoke_args(name), "--device", "cpu"]))
+    assert on_disk == [1, 2]
