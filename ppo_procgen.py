@@ -5,6 +5,7 @@ V-trace and more. A quick look on a CPU: python ppo_procgen.py --total-timesteps
 
 import contextlib
 import ctypes
+import importlib.util
 import io
 import os
 import random
@@ -48,9 +49,17 @@ class Args:
     seed: int = 1
     """seed of python, numpy, torch and procgen's level generator: one seed gives one run"""
     torch_deterministic: bool = True
-    """if toggled, GPUs compute as CPUs do (deterministic cuDNN, fp32 without TF32); if not, faster on recent GPUs"""
+    """if toggled, deterministic cuDNN, no TF32: a GPU run repeats itself, close to (not equal to) a CPU run"""
     device: str = "auto"
-    """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:N` or `mps`"""
+    """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "procgen"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """if toggled, write videos of test env 0 (episodes 0, 1, 8, 27, ...) to `videos/{run_name}`"""
     env_id: str = "starpilot"
     """the Procgen game"""
     num_levels: int = 200
@@ -112,19 +121,22 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
 
-    def __init__(self, num_envs, seed, **procgen_kwargs):
+    def __init__(self, num_envs, seed, video_dir=None, **procgen_kwargs):
         if procgen_kwargs["distribution_mode"] == "exploration":  # one fixed level per game: procgen picks it
             procgen_kwargs = {k: v for k, v in procgen_kwargs.items() if k not in ("num_levels", "start_level")}
         # [2] Seeded level generator: `rand_seed` fixes which levels each env plays and in what order.
         self.env = Procgen(num=num_envs, rand_seed=seed, **procgen_kwargs)
         self.num_envs, self.gym3 = num_envs, hasattr(self.env, "act")  # procgen's gym3 env, or procgen-gym's
+        self.video_dir, self.video_episode, self.frames = video_dir, 0, []  # `--capture-video`: env 0's episodes
         self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)  # procgen's RGB frames
         self.single_action_space = gym.spaces.Discrete(15)  # procgen's button combinations, the same in every game
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
 
     def reset(self, *, seed=None, options=None):
-        return self.env.observe()[1]["rgb"] if self.gym3 else self.env.reset()[0], {}
+        obs = self.env.observe()[1]["rgb"] if self.gym3 else self.env.reset()[0]
+        self.frames = [obs[0]]
+        return obs, {}
 
     def step(self, actions):
         if self.gym3:
@@ -133,7 +145,33 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
             obs = obs["rgb"]
         else:  # procgen-gym's "terminated" is procgen's `first`: the same-step reset, whatever its metadata says
             obs, reward, first, _, _ = self.env.step(np.asarray(actions, dtype=np.int32))
+        if self.video_dir is not None:
+            self.record(obs[0], first[0])
         return obs, reward, first, np.zeros_like(first), {}
+
+    def record(self, frame, episode_ended):
+        """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
+        if episode_ended and round(self.video_episode ** (1 / 3)) ** 3 == self.video_episode:
+            with contextlib.redirect_stderr(io.StringIO()):  # gym3's pinned imageio-ffmpeg warns about pkg_resources
+                import imageio_ffmpeg
+            path = f"{self.video_dir}/episode-{self.video_episode}.mp4"
+            writer = imageio_ffmpeg.write_frames(path, frame.shape[1::-1], fps=15, macro_block_size=1)
+            for f in [None, *map(np.ascontiguousarray, self.frames)]:  # None starts imageio_ffmpeg's generator
+                writer.send(f)
+            writer.close()
+            console(f"video: {path}")
+        if episode_ended:
+            self.video_episode, self.frames = self.video_episode + 1, []
+        self.frames.append(frame)
+
+
+def make_envs(num_envs, seed, num_levels, start_level, args: Args, video_dir=None):
+    """`num_envs` games on levels [start_level, start_level + num_levels) (0 levels: all), with episode statistics."""
+    envs = ProcgenVecEnv(num_envs, seed, video_dir, env_name=args.env_id, distribution_mode=args.distribution_mode,
+                         num_levels=num_levels, start_level=start_level)  # fmt: skip
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "`dones` needs same-step resets"
+    return envs
 
 
 # [3] Initialisation: `std` is the L2 norm of each output unit's weights (orthogonal rows have norm `gain`).
@@ -142,7 +180,7 @@ def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
         torch.nn.init.orthogonal_(layer.weight, std)
     elif init_fn == "tf_default":  # glorot-uniform at gain 1 whatever `std` says, and zero biases
         torch.nn.init.xavier_uniform_(layer.weight)
-    elif init_fn == "normed":  # the PPG paper's scheme, Gaussian weights rescaled per output unit
+    elif init_fn == "normed":  # Gaussian weights rescaled per output unit (OpenAI's PPG code rescales torch's uniform)
         with torch.no_grad():
             layer.weight.normal_()
             layer.weight.mul_(std / layer.weight.flatten(1).norm(dim=1).view(-1, *[1] * (layer.weight.dim() - 1)))
@@ -176,6 +214,10 @@ def impala_cnn(obs_shape, feature_dim, init_fn):
     return nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
 
 
+def preprocess(x):
+    return x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
+
+
 class Agent(nn.Module):
     def __init__(self, obs_shape, num_actions, feature_dim, init_fn):
         super().__init__()
@@ -187,10 +229,10 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(feature_dim, 1), critic_std, head_fn)
 
     def get_value(self, x):
-        return self.critic(self.network(x.permute((0, 3, 1, 2)) / 255.0))  # "bhwc" -> "bchw", uint8 -> [0, 1]
+        return self.critic(self.network(preprocess(x)))
 
     def get_action_and_value(self, x, action=None):
-        hidden = self.network(x.permute((0, 3, 1, 2)) / 255.0)  # "bhwc" -> "bchw", uint8 -> [0, 1]
+        hidden = self.network(preprocess(x))
         probs = Categorical(logits=self.actor(hidden))
         if action is None:
             action = probs.sample()
@@ -237,11 +279,17 @@ def log_episodes(episodes, infos, global_step, tag):
 
 def train(args: Args):
     check_args(args)
-    with contextlib.suppress(OSError, AttributeError):  # [10] speed only: one glibc heap, never trimmed (or unmapped)
-        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
-            ctypes.CDLL("libc.so.6").mallopt(option, value)
+    args.batch_size = int(args.num_envs * args.num_steps)
+    args.minibatch_size = int(args.batch_size // args.num_minibatches)
+    args.num_iterations = args.total_timesteps // args.batch_size
+    tune_allocator()  # [10] speed only
     device = torch.device(args.device)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
+                   name=run_name, monitor_gym=True, save_code=True)  # fmt: skip
     writer = SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"))
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
@@ -257,16 +305,13 @@ def train(args: Args):
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not args.torch_deterministic
 
     # env setup: [11] training levels [start_level, start_level + num_levels), held-out test envs on all levels
-    game = dict(env_name=args.env_id, distribution_mode=args.distribution_mode)
-    envs = ProcgenVecEnv(args.num_envs, args.seed, num_levels=args.num_levels, start_level=args.start_level, **game)
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "`dones` below needs same-step resets"
+    envs = make_envs(args.num_envs, args.seed, args.num_levels, args.start_level, args)
     if args.norm_reward:  # [12] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
         envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     if args.eval_interval > 0:
-        test_envs = ProcgenVecEnv(args.num_eval_envs, args.seed + 1_000_003, num_levels=0, **game)
-        test_envs = gym.wrappers.vector.RecordEpisodeStatistics(test_envs)
+        video_dir = make_dir(f"videos/{run_name}", "capture-video") if args.capture_video else None
+        test_envs = make_envs(args.num_eval_envs, args.seed + 1_000_003, 0, 0, args, video_dir)
         test_obs = torch.as_tensor(test_envs.reset()[0], device=device)
 
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n, args.feature_dim, args.init_fn)
@@ -281,8 +326,7 @@ def train(args: Args):
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
-    # Ctrl-C: one line saying where the run stopped, not a traceback from inside torch; the log keeps what finished
-    signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped at step {global_step}: runs/{run_name}"))
+    exit_on_ctrl_c(run_name)
     next_obs = torch.as_tensor(envs.reset()[0], device=device)  # procgen's levels were seeded when it was made
     next_done = torch.zeros(envs.num_envs, device=device)
     recent_returns, recent_test_returns, start_time = deque(maxlen=100), deque(maxlen=100), time.time()  # the console
@@ -329,7 +373,7 @@ def train(args: Args):
         b_actions = actions.reshape(-1)
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
         b_values = values.reshape(-1)
-        # [15] Advantage normalisation over the whole batch, once (OpenAI's PPG code), not per minibatch as in CleanRL.
+        # [15] Advantages normalised over the whole batch, once (OpenAI's PPG code), not per minibatch (CleanRL's PPO).
         if args.norm_adv:
             b_mean, b_std = b_advantages.mean(), b_advantages.std()
             b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
@@ -381,35 +425,58 @@ def train(args: Args):
         sps = global_step / (time.time() - start_time)
         writer.add_scalar("charts/SPS", int(sps), global_step)
         writer.flush()  # this iteration on disk before it is reported: a stop (Ctrl-C, a kill) loses none of it
-        took, left = time.time() - iteration_start, (args.num_iterations * args.batch_size - global_step) / sps / 60
-        means = [np.mean(r or [np.nan]) for r in (recent_returns, recent_test_returns)]
-        console(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
-                f"{left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}")  # fmt: skip
+        report(iteration, global_step, sps, time.time() - iteration_start, (recent_returns, recent_test_returns), args)
 
     envs.close()
     if args.eval_interval > 0:
         test_envs.close()
     writer.close()
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    if args.save_model:  # serialised first, so that a failed write (a full disk) is one line with the system's reason
-        model_path, buffer = f"runs/{run_name}/{args.exp_name}.cleanrl_model", io.BytesIO()
-        torch.save(agent.state_dict(), buffer)
-        try:
-            with open(model_path, "wb") as f:
-                f.write(buffer.getbuffer())
-        except OSError as exc:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(model_path)  # no partial file
-            sys.exit(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept")
-        console(f"model saved to {model_path}")
+    if args.save_model:
+        save_model(agent, f"runs/{run_name}/{args.exp_name}.cleanrl_model")
     return run_name
+
+
+# What train() needs that is not the algorithm: the allocator, Ctrl-C, the console line and the model file.
+def tune_allocator():
+    """One glibc heap, never trimmed or unmapped: the update's large buffers are reused, not mapped anew each time."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
+        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
+            ctypes.CDLL("libc.so.6").mallopt(option, value)
+
+
+def exit_on_ctrl_c(run_name):
+    """Ctrl-C: one line saying where the log is, not a traceback from inside torch; the log keeps what finished."""
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped; runs/{run_name} has what finished"))
+
+
+def report(iteration, global_step, sps, took, recent, args: Args):
+    """The iteration's console line: steps, speed, time left, the means of the last 100 training and test returns."""
+    left = (args.num_iterations * args.batch_size - global_step) / sps / 60
+    means = [np.mean(returns or [np.nan]) for returns in recent]
+    console(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
+            f"{left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}")  # fmt: skip
+
+
+def save_model(agent, model_path):
+    """The weights, serialised first, so that a failed write (a full disk) is one line with the system's reason."""
+    buffer = io.BytesIO()
+    torch.save(agent.state_dict(), buffer)
+    try:
+        with open(model_path, "wb") as f:
+            f.write(buffer.getbuffer())
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(model_path)  # no partial file
+        sys.exit(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept")
+    console(f"model saved to {model_path}")
 
 
 # Command-line plumbing: every flag's rule, checked before anything is built or written, and the output directories.
 RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal: its type
-    ("exp_name",): ("must not contain /", lambda v, a: "/" not in v),
+    ("exp_name", "wandb_project_name", "wandb_entity"): ("must not contain /", lambda v, a: "/" not in (v or "")),
     ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
-    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v)),
+    ("device",): ("must be auto, cpu, cuda or cuda:N (not mps)", lambda v, a: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v)),
     ("env_id",): (f"must be a Procgen game: {', '.join(PROCGEN_GAMES)}", lambda v, a: v in PROCGEN_GAMES),
     ("distribution_mode",): ("is not made for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split()),
     ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
@@ -421,10 +488,12 @@ RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all fl
     ("update_epochs", "clip_coef", "max_grad_norm", "clip_reward"): ("must be positive", lambda v, a: v > 0),
     ("ent_coef", "vf_coef"): ("must be >= 0", lambda v, a: v >= 0),
     ("clip_range_vf", "target_kl"): ("must be positive, or None: off", lambda v, a: v is None or v > 0),
+    ("track",): ("needs wandb: pip install wandb", lambda v, a: not v or importlib.util.find_spec("wandb")),
+    ("capture_video",): ("records the test env: needs --eval-interval > 0", lambda v, a: not v or a.eval_interval > 0),
 }
 WARNINGS = {  # legal, but almost always a mistake: one line says why, and the run goes on
-    ("total_timesteps",): ("over 1% is not run: only whole iterations run", lambda v, a: v % a.batch_size > v / 100),
-    ("eval_interval",): ("is more than the iterations: the test env never runs", lambda v, a: v > a.num_iterations),
+    ("total_timesteps",): ("over 1% of it is not run", lambda v, a: v % (a.num_envs * a.num_steps) > v / 100),
+    ("eval_interval",): ("is more than the iterations", lambda v, a: v * a.num_envs * a.num_steps > a.total_timesteps),
     ("learning_rate",): ("is far above the 1e-4 to 1e-3 that Adam is used with", lambda v, a: v > 0.01),
 }
 
@@ -437,7 +506,7 @@ def arg_error(flag: str, rule: str, value=None):
 
 
 def check_args(args: Args) -> None:
-    """Stop at the first flag that breaks its rule; then compute batch_size, minibatch_size and the iterations."""
+    """Stop at the first flag that breaks its rule, or at sizes that do not fit in memory; then warn of odd flags."""
     for flags, (rule, ok) in RULES.items():
         for flag in flags:
             value = getattr(args, flag)
@@ -449,11 +518,10 @@ def check_args(args: Args) -> None:
         args.device = str(torch.zeros(0, device=auto if args.device == "auto" else args.device).device)
     except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
         arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", args.device)
-    args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
+    batch_size = args.num_envs * args.num_steps  # as train() works it out: the checks run first
+    minibatch_size = batch_size // args.num_minibatches
     # memory in bytes: the rollout (a uint8 frame, 6 numbers a step), activations (1.5 MiB a sample), games (0.3 MiB)
-    need = args.batch_size * 12312 + (1.5 * args.minibatch_size + 0.3 * (args.num_envs + args.num_eval_envs)) * 2**20
+    need = batch_size * 12312 + (1.5 * minibatch_size + 0.3 * (args.num_envs + args.num_eval_envs)) * 2**20
     free = torch.cuda.mem_get_info(args.device)[0] if args.device.startswith("cuda") else host_memory()
     sizes = (f"num-envs {args.num_envs} x --num-steps {args.num_steps} / --num-minibatches {args.num_minibatches}, "
              f"--num-eval-envs {args.num_eval_envs}")  # fmt: skip
@@ -486,10 +554,10 @@ def make_dir(path: str, flag: str) -> str:
 
 
 def console(text):
-    """Print a line; once nothing reads stdout (a closed pipe), the lines go nowhere and the run goes on."""
+    """Print a line; once stdout fails (a closed pipe, a full disk, a lost terminal), the rest goes nowhere."""
     try:
         print(text, flush=True)
-    except BrokenPipeError:
+    except OSError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's last flush goes there too
 
 

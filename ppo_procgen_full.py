@@ -1,7 +1,8 @@
 # PPO: https://arxiv.org/abs/1707.06347 -- Procgen setup of PPG: https://arxiv.org/abs/2009.04416
 """PPO on Procgen: the Procgen paper's easy setup (starpilot, 200 training levels, 25M steps, 64 envs x 256 steps,
-8 minibatches, 3 epochs), held-out test levels. The lean reference; ppo_procgen_full.py adds checkpoints, torchrun, RND,
-V-trace and more. A quick look on a CPU: python ppo_procgen.py --total-timesteps 8192 --num-envs 8 --num-steps 64"""
+8 minibatches, 3 epochs), held-out test levels. ppo_procgen.py, the lean reference, plus checkpoints, torchrun, RND,
+V-trace and more. A quick look on a CPU: python ppo_procgen_full.py --total-timesteps 8192 --num-envs 8 --num-steps 64
+Two GPUs: torchrun --standalone --nproc-per-node 2 ppo_procgen_full.py --checkpoint-interval 10"""
 
 import contextlib
 import copy
@@ -12,6 +13,7 @@ import glob
 import importlib.util
 import io
 import os
+import pickle
 import random
 import re
 import signal
@@ -75,9 +77,17 @@ class Args:
     seed: int = 1
     """seed of python, numpy, torch and procgen's level generator: one seed gives one run"""
     torch_deterministic: bool = True
-    """if toggled, GPUs compute as CPUs do (deterministic cuDNN, fp32 without TF32); if not, faster on recent GPUs"""
+    """if toggled, deterministic cuDNN, no TF32: a GPU run repeats itself, close to (not equal to) a CPU run"""
     device: str = "auto"
-    """`auto` (CUDA when available, else CPU), `cpu`, `cuda`, `cuda:N` or `mps`"""
+    """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "procgen"
+    """the wandb's project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """if toggled, write videos of test env 0 (episodes 0, 1, 8, 27, ...) to `videos/{run_name}`"""
     env_id: str = "starpilot"
     """the Procgen game"""
     num_levels: int = 200
@@ -144,15 +154,6 @@ class Args:
     save_model: bool = False
     """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
     # ── the features' flags ──
-    # Logging
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases"""
-    wandb_project_name: str = "procgen"
-    """the wandb's project name"""
-    wandb_entity: str | None = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """if toggled, write videos of test env 0 (episodes 0, 1, 8, 27, ...) to `videos/{run_name}`"""
     # Checkpoints and evaluation
     checkpoint_interval: int = 0
     """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on SIGINT/SIGTERM)"""
@@ -218,7 +219,7 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         # [2] Seeded level generator: `rand_seed` fixes which levels each env plays and in what order.
         self.env = Procgen(num=num_envs, rand_seed=seed, **procgen_kwargs)
         self.num_envs, self.gym3 = num_envs, hasattr(self.env, "act")  # procgen's gym3 env, or procgen-gym's
-        self.video_dir, self.video_episode, self.frames = video_dir, 0, []  # [videos]
+        self.video_dir, self.video_episode, self.frames = video_dir, 0, []  # `--capture-video`: env 0's episodes
         self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)  # procgen's RGB frames
         self.single_action_space = gym.spaces.Discrete(15)  # procgen's button combinations, the same in every game
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
@@ -236,13 +237,10 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
             obs = obs["rgb"]
         else:  # procgen-gym's "terminated" is procgen's `first`: the same-step reset, whatever its metadata says
             obs, reward, first, _, _ = self.env.step(np.asarray(actions, dtype=np.int32))
-        # ── videos ──
         if self.video_dir is not None:
             self.record(obs[0], first[0])
-        # ── end videos ──
         return obs, reward, first, np.zeros_like(first), {}
 
-    # ── videos ──
     def record(self, frame, episode_ended):
         """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
         if episode_ended and round(self.video_episode ** (1 / 3)) ** 3 == self.video_episode:
@@ -258,7 +256,14 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
             self.video_episode, self.frames = self.video_episode + 1, []
         self.frames.append(frame)
 
-    # ── end videos ──
+
+def make_envs(num_envs, seed, num_levels, start_level, args: Args, video_dir=None):
+    """`num_envs` games on levels [start_level, start_level + num_levels) (0 levels: all), with episode statistics."""
+    envs = ProcgenVecEnv(num_envs, seed, video_dir, env_name=args.env_id, distribution_mode=args.distribution_mode,
+                         num_levels=num_levels, start_level=start_level, num_threads=args.env_threads)  # fmt: skip
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "`dones` needs same-step resets"
+    return envs
 
 
 # ── the status line: on a terminal, one line rewritten in place with the progress, the SPS and the time left ──
@@ -277,14 +282,16 @@ class StatusLine:
     def show(self, text):
         """Draw `text` as the status line, at most 4 times a second so that the rollout does not wait on it."""
         if time.time() - self.drawn > 0.25:
-            self.stream.write(f"\r\033[K{text}")
-            self.stream.flush()
+            with contextlib.suppress(OSError):  # a failing terminal: console() below says nothing more either
+                self.stream.write(f"\r\033[K{text}")
+                self.stream.flush()
             self.shown, self.drawn = True, time.time()
 
     def restore(self):
         """Clear the status line; the terminal's own stream, to put back as sys.stdout."""
         if self.shown:
-            self.stream.write("\r\033[K")
+            with contextlib.suppress(OSError):
+                self.stream.write("\r\033[K")
         return self.stream
 
     def __getattr__(self, name):  # flush, isatty, fileno, ...: the terminal's
@@ -306,7 +313,7 @@ def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
     elif init_fn == "xavier_normal":
         torch.nn.init.xavier_normal_(layer.weight, std)
     # ── end rllte's init functions ──
-    elif init_fn == "normed":  # the PPG paper's scheme, Gaussian weights rescaled per output unit
+    elif init_fn == "normed":  # Gaussian weights rescaled per output unit (OpenAI's PPG code rescales torch's uniform)
         with torch.no_grad():
             layer.weight.normal_()
             layer.weight.mul_(std / layer.weight.flatten(1).norm(dim=1).view(-1, *[1] * (layer.weight.dim() - 1)))
@@ -447,6 +454,10 @@ def autocast_bf16(module):
 # ── end bf16 autocast ──
 
 
+def preprocess(x):
+    return x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
+
+
 class Agent(nn.Module):
     def __init__(self, obs_shape, num_actions, feature_dim, init_fn, hidden_dim=0):
         super().__init__()
@@ -458,13 +469,13 @@ class Agent(nn.Module):
         self.critic = head(feature_dim, hidden_dim, 1, critic_std, head_fn)
 
     def get_value(self, x):
-        return self.critic(self.network(x.permute((0, 3, 1, 2)) / 255.0))  # "bhwc" -> "bchw", uint8 -> [0, 1]
+        return self.critic(self.network(preprocess(x)))
 
     def get_action_and_value(self, x, action=None):
-        hidden = self.network(x.permute((0, 3, 1, 2)) / 255.0)  # "bhwc" -> "bchw", uint8 -> [0, 1]
+        hidden = self.network(preprocess(x))
         probs = Categorical(logits=self.actor(hidden))
         if action is None:
-            # ── sampling without a host sync ──: `probs.sample()`'s one-sample draw (torch.multinomial's exponential
+            # ── sampling without a host sync [34] ──: `probs.sample()`'s draw (torch.multinomial's exponential
             # race: the same actions, seed for seed) without its validity checks, which wait for the GPU
             action = (probs.probs / torch.empty_like(probs.probs).exponential_()).argmax(-1)
             # ── end sampling without a host sync ──
@@ -644,9 +655,18 @@ def join_processes(args: Args, device):
         init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
         if args.rank > 0:  # one process speaks for all
             sys.stdout = open(os.devnull, "w")
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{os.environ.get('TORCHELASTIC_RUN_ID', int(time.time()))}"
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and glob.glob(f"runs/{run_name}/checkpoints/iter_*"):
-        args.resume = args.resume or f"runs/{run_name}"  # torchrun restarted the job: continue its run
+    job = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # torchrun's "none": no --rdzv-id, no --standalone
+    stamp = job if job != "none" else gather_objects(int(time.time()), args.world_size)[0]  # rank 0's clock
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp}"
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:  # torchrun restarted the job: continue its run
+        if args.resume is not None:  # from the newest checkpoint of the run that --resume continued, not its file
+            ckpt = load_checkpoint(args.resume, "resume")[1]
+            run_name = ckpt.get("run_name", run_name) if isinstance(ckpt, dict) else run_name
+        if glob.glob(f"runs/{run_name}/checkpoints/iter_*"):
+            args.resume = f"runs/{run_name}"
+        elif job == "none":
+            console("torchrun restarted the job, which has no name to find its checkpoints by (--rdzv-id or "
+                    "--standalone gives it one): it starts anew")  # fmt: skip
     return run_name
 
 
@@ -687,11 +707,45 @@ def set_rng_state(state, device):
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def plain(value):
+    """`value` in the types that `torch.load(weights_only=True)` reads, which runs no code from the file: numpy arrays
+    as tensors, queues as lists, running statistics as dicts; `unplain` turns them back."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(value.copy())}
+    if isinstance(value, np.generic):  # a numpy scalar: its Python number
+        return value.item()
+    if isinstance(value, deque):
+        return {"__deque__": [plain(v) for v in value], "maxlen": value.maxlen}
+    if isinstance(value, gym.wrappers.utils.RunningMeanStd):
+        return {"__running_mean_std__": plain(vars(value))}
+    if isinstance(value, dict):
+        return {key: plain(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    return value
+
+
+def unplain(value):
+    if isinstance(value, dict) and "__ndarray__" in value:
+        return value["__ndarray__"].numpy()
+    if isinstance(value, dict) and "__deque__" in value:
+        return deque(unplain(value["__deque__"]), maxlen=value["maxlen"])
+    if isinstance(value, dict) and "__running_mean_std__" in value:
+        rms = gym.wrappers.utils.RunningMeanStd()
+        vars(rms).update(unplain(value["__running_mean_std__"]))
+        return rms
+    if isinstance(value, dict):
+        return type(value)((key, unplain(v)) for key, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value)(unplain(v) for v in value)
+    return value
+
+
 def save_checkpoint(run_dir, name, state, keep=None):
     """Write to a temporary file, flush it to disk, then rename: a kill at any moment leaves the old files whole. A
     write that fails (a full disk, a quota) removes its temporary file, says why in one line and returns None."""
     path, buffer = f"{run_dir}/checkpoints/{name}", io.BytesIO()
-    torch.save(state, buffer)  # serialised first: a failed write then reports the file system's reason, not torch's
+    torch.save(plain(state), buffer)  # serialised first: a failed write then reports the file system's reason
     try:
         os.makedirs(f"{run_dir}/checkpoints", exist_ok=True)
         with open(path + ".tmp", "wb") as f:
@@ -725,12 +779,13 @@ def load_checkpoint(path, flag):
     key = (os.path.abspath(path), os.stat(path).st_mtime_ns, os.stat(path).st_size)
     if key in LOADED:  # `--resume` reads a checkpoint's flags (cli_defaults), then its state: once from disk
         return path, LOADED[key]
-    try:  # only load files you trust: a checkpoint holds pickled random states
+    try:  # tensors and plain Python values only: a file that would run code on loading is refused
         LOADED.clear()
-        LOADED[key] = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        LOADED[key] = unplain(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
         return path, LOADED[key]
     except Exception as exc:  # a truncated or foreign file fails somewhere in torch's zip or pickle layers
-        arg_error(flag, f"{path}: not a readable checkpoint, truncated or another format ({type(exc).__name__})")
+        why = "holds more than tensors and plain values" if isinstance(exc, pickle.UnpicklingError) else "truncated?"
+        arg_error(flag, f"{path}: not a readable checkpoint ({why}: {type(exc).__name__})")
 
 
 def check_checkpoint(path, ckpt, args: Args, flags, flag):
@@ -753,6 +808,9 @@ def resume_checkpoint(args: Args):
     check_checkpoint(path, ckpt, args, NETWORK_FLAGS + ROLLOUT_FLAGS, "resume")
     if ckpt.get("diagnostic"):
         arg_error("resume", f"{path}: a diagnostic checkpoint of a diverged run; resume from an iter_*.pt")
+    if (ckpt["args"]["intrinsic_coef"] > 0) != (args.intrinsic_coef > 0):  # [33] RND's weights and Adam's state
+        arg_error("intrinsic-coef", f"{path}: made with --intrinsic-coef {ckpt['args']['intrinsic_coef']}; RND must be "
+                  "on in both runs or off in both", args.intrinsic_coef)  # fmt: skip
     if len(ckpt["ranks"]) != args.world_size:
         arg_error("resume", f"{path}: made by {len(ckpt['ranks'])} processes, this run has {args.world_size}")
     return {**ckpt, "path": path}
@@ -785,6 +843,8 @@ def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args: A
     observations (and PPG's phase so far) the caller takes back."""
     agent.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
+    for group in optimizer.param_groups:  # Adam's saved settings give way to the flags (the checkpoint's, or given)
+        group["lr"], group["eps"] = args.learning_rate, args.adam_eps
     mine = ckpt["ranks"][args.rank]  # what belongs to this process: its envs and random states
     set_env_state(envs, mine["envs"])
     if mine.get("intrinsic_return") is not None:  # [33] this process's envs' running returns, not rank 0's
@@ -912,18 +972,12 @@ def evaluate_saved(args: Args):
         video_dir = make_dir(
             f"videos/{args.env_id}__{args.exp_name}__eval__{args.seed}__{int(time.time())}", "capture-video"
         )
-    num_envs = min(args.num_eval_envs, args.eval_episodes)
-    game = dict(env_name=args.env_id, distribution_mode=args.distribution_mode, num_threads=args.env_threads)
-    envs = ProcgenVecEnv(
-        num_envs, args.seed + 2_000_003, video_dir, num_levels=levels[0], start_level=levels[1], **game
-    )
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
+    envs = make_envs(min(args.num_eval_envs, args.eval_episodes), args.seed + 2_000_003, *levels, args, video_dir)
     returns = evaluate(agent, envs, args.eval_episodes, device)
     envs.close()
     where = "training" if args.eval_train_levels else "test"
-    print(
-        f"{path}: episodic return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} {where} episodes"
-    )
+    console(f"{path}: episodic return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} {where} "
+            "episodes")  # fmt: skip
     return returns
 
 
@@ -959,9 +1013,11 @@ def keeps_process_settings(train):
 def train(args: Args):
     given = dataclasses.asdict(args)  # the flags as given: checkpoints keep them, `--resume` makes them the defaults
     check_args(args)
-    with contextlib.suppress(OSError, AttributeError):  # [10] speed only: one glibc heap, never trimmed (or unmapped)
-        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)) if args.tune_malloc else ():  # M_MMAP_MAX 0, ...
-            ctypes.CDLL("libc.so.6").mallopt(option, value)
+    args.batch_size = int(args.num_envs * args.num_steps)
+    args.minibatch_size = int(args.batch_size // args.num_minibatches)
+    args.num_iterations = args.total_timesteps // args.batch_size
+    if args.tune_malloc:
+        tune_allocator()  # [10] speed only
     # ── divergence guard [26]: a non-finite network output must reach the guard, not raise in torch.distributions ──
     torch.distributions.Distribution.set_default_validate_args(False)
     # ── end divergence guard ──
@@ -1008,22 +1064,14 @@ def train(args: Args):
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not args.torch_deterministic
 
     # env setup: [11] training levels [start_level, start_level + num_levels), held-out test envs on all levels
-    game = dict(env_name=args.env_id, distribution_mode=args.distribution_mode, num_threads=args.env_threads)
     env_seed = args.seed + 7919 * args.rank  # [30] every process plays its own levels
-    envs = ProcgenVecEnv(
-        args.local_num_envs, env_seed, num_levels=args.num_levels, start_level=args.start_level, **game
-    )
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "`dones` below needs same-step resets"
+    envs = make_envs(args.local_num_envs, env_seed, args.num_levels, args.start_level, args)
     if args.norm_reward:  # [12] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
         envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
     if args.eval_interval > 0:
         video_dir = make_dir(f"videos/{run_name}", "capture-video") if args.capture_video and args.rank == 0 else None
-        test_envs = ProcgenVecEnv(
-            args.num_eval_envs // args.world_size, env_seed + 1_000_003, video_dir, num_levels=0, **game
-        )
-        test_envs = gym.wrappers.vector.RecordEpisodeStatistics(test_envs)
+        test_envs = make_envs(args.num_eval_envs // args.world_size, env_seed + 1_000_003, 0, 0, args, video_dir)
         test_obs = torch.as_tensor(test_envs.reset()[0], device=device)
 
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n, args.feature_dim, args.init_fn,
@@ -1058,6 +1106,7 @@ def train(args: Args):
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
+    exit_on_ctrl_c(run_name)  # until the checkpoints' handler below takes over
     next_obs = torch.as_tensor(envs.reset()[0], device=device)  # procgen's levels were seeded when it was made
     next_done = torch.zeros(envs.num_envs, device=device)
     recent_returns, recent_test_returns, start_time = deque(maxlen=100), deque(maxlen=100), time.time()  # the console
@@ -1146,7 +1195,7 @@ def train(args: Args):
         b_actions = actions.reshape(-1)
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
         b_values = values.reshape(-1)
-        # [15] Advantage normalisation over the whole batch, once (OpenAI's PPG code), not per minibatch as in CleanRL.
+        # [15] Advantages normalised over the whole batch, once (OpenAI's PPG code), not per minibatch (CleanRL's PPO).
         if args.norm_adv:
             b_mean, b_std = global_mean_std(b_advantages, args.world_size)  # [30] over all processes' batches
             b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
@@ -1241,10 +1290,7 @@ def train(args: Args):
         sps = (global_step - start_step) / (time.time() - start_time)
         writer.add_scalar("charts/SPS", int(sps), global_step)
         writer.flush()  # this iteration on disk before it is reported: a stop (Ctrl-C, a kill) loses none of it
-        took, left = time.time() - iteration_start, (args.num_iterations * args.batch_size - global_step) / sps / 60
-        means = [np.mean(r or [np.nan]) for r in (recent_returns, recent_test_returns)]
-        console(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
-                f"{left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}")  # fmt: skip
+        report(iteration, global_step, sps, time.time() - iteration_start, (recent_returns, recent_test_returns), args)
 
         # ── divergence guard [26]: a non-finite loss or parameter stops the run before it reaches a checkpoint ──
         losses = {"losses/policy_loss": pg_loss, "losses/value_loss": v_loss, "losses/entropy": entropy_loss}
@@ -1284,27 +1330,51 @@ def train(args: Args):
     if args.eval_interval > 0:
         test_envs.close()
     writer.close()
-    if (
-        args.save_model and args.rank == 0
-    ):  # serialised first, so that a failed write (a full disk) is one line with the system's reason
-        model_path, buffer = f"runs/{run_name}/{args.exp_name}.cleanrl_model", io.BytesIO()
-        torch.save(agent.state_dict(), buffer)
-        try:
-            with open(model_path, "wb") as f:
-                f.write(buffer.getbuffer())
-        except OSError as exc:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(model_path)  # no partial file
-            sys.exit(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept")
-        console(f"model saved to {model_path}")
+    if args.save_model and args.rank == 0:
+        save_model(agent, f"runs/{run_name}/{args.exp_name}.cleanrl_model")
     return run_name
+
+
+# What train() needs that is not the algorithm: the allocator, Ctrl-C, the console line and the model file.
+def tune_allocator():
+    """One glibc heap, never trimmed or unmapped: the update's large buffers are reused, not mapped anew each time."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
+        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
+            ctypes.CDLL("libc.so.6").mallopt(option, value)
+
+
+def exit_on_ctrl_c(run_name):
+    """Ctrl-C: one line saying where the log is, not a traceback from inside torch; the log keeps what finished."""
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped; runs/{run_name} has what finished"))
+
+
+def report(iteration, global_step, sps, took, recent, args: Args):
+    """The iteration's console line: steps, speed, time left, the means of the last 100 training and test returns."""
+    left = (args.num_iterations * args.batch_size - global_step) / sps / 60
+    means = [np.mean(returns or [np.nan]) for returns in recent]
+    console(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
+            f"{left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}")  # fmt: skip
+
+
+def save_model(agent, model_path):
+    """The weights, serialised first, so that a failed write (a full disk) is one line with the system's reason."""
+    buffer = io.BytesIO()
+    torch.save(agent.state_dict(), buffer)
+    try:
+        with open(model_path, "wb") as f:
+            f.write(buffer.getbuffer())
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(model_path)  # no partial file
+        sys.exit(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept")
+    console(f"model saved to {model_path}")
 
 
 # Command-line plumbing: every flag's rule, checked before anything is built or written, and the output directories.
 RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal: its type
     ("exp_name", "wandb_project_name", "wandb_entity"): ("must not contain /", lambda v, a: "/" not in (v or "")),
     ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
-    ("device",): ("must be auto, cpu, cuda, cuda:N or mps", lambda v, a: re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", v)),
+    ("device",): ("must be auto, cpu, cuda or cuda:N (not mps)", lambda v, a: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v)),
     ("env_id",): (f"must be a Procgen game: {', '.join(PROCGEN_GAMES)}", lambda v, a: v in PROCGEN_GAMES),
     ("distribution_mode",): ("is not made for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split()),
     ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
@@ -1337,13 +1407,13 @@ RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all fl
     ("capture_video",): ("records the test env: needs --eval-interval > 0", lambda v, a: not v or a.eval_interval > 0),
 }
 WARNINGS = {  # legal, but almost always a mistake: one line says why, and the run goes on
-    ("total_timesteps",): ("over 1% is not run: only whole iterations run", lambda v, a: v % a.batch_size > v / 100),
-    ("eval_interval",): ("is more than the iterations: the test env never runs", lambda v, a: v > a.num_iterations),
+    ("total_timesteps",): ("over 1% of it is not run", lambda v, a: v % (a.num_envs * a.num_steps) > v / 100),
+    ("eval_interval",): ("is more than the iterations", lambda v, a: v * a.num_envs * a.num_steps > a.total_timesteps),
     ("learning_rate",): ("is far above the 1e-4 to 1e-3 that Adam is used with", lambda v, a: v > 0.01),
     # ── the warnings of the features' flags ──
     ("checkpoint_interval",): (
         "is more than the iterations: only a signal writes a checkpoint",
-        lambda v, a: v > a.num_iterations,
+        lambda v, a: v * a.num_envs * a.num_steps > a.total_timesteps,
     ),
     ("vtrace_rho_clip",): ("has no effect without --vtrace", lambda v, a: v != Args.vtrace_rho_clip and not a.vtrace),
     ("vtrace_c_clip",): ("has no effect without --vtrace", lambda v, a: v != Args.vtrace_c_clip and not a.vtrace),
@@ -1366,7 +1436,7 @@ def arg_error(flag: str, rule: str, value=None):
 
 
 def check_args(args: Args) -> None:
-    """Stop at the first flag that breaks its rule; then compute batch_size, minibatch_size and the iterations."""
+    """Stop at the first flag that breaks its rule, or at sizes that do not fit in memory; then warn of odd flags."""
     if args.minibatch_size:  # rllte's way to size minibatches: it sets num_minibatches
         args.num_minibatches = max(args.num_envs * args.num_steps // args.minibatch_size, 1)
     for flags, (rule, ok) in RULES.items():
@@ -1382,11 +1452,12 @@ def check_args(args: Args) -> None:
     if local_rank >= 0 and device.startswith("cuda") and torch.cuda.is_available():
         if device != "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every process on one GPU
             arg_error("device", "under torchrun each process takes its local rank's GPU: --device cuda", args.device)
-        if local_rank >= torch.cuda.device_count():
+        if device == "cuda" and local_rank >= torch.cuda.device_count():
             arg_error("device", f"LOCAL_RANK {local_rank} has no GPU: {torch.cuda.device_count()} visible; run at most "
                       "that many processes per node, or --device cpu", args.device)  # fmt: skip
-        torch.cuda.set_device(local_rank)
-        device = f"cuda:{local_rank}"
+        if device == "cuda":  # one process given `cuda:N` keeps it
+            torch.cuda.set_device(local_rank)
+            device = f"cuda:{local_rank}"
     # ── end torchrun ──
     try:  # the device must work on this machine and in this torch build
         args.device = str(torch.zeros(0, device=device).device)
@@ -1394,9 +1465,8 @@ def check_args(args: Args) -> None:
         arg_error("device", f"not usable here: {str(exc).strip().splitlines()[0][:120]}", args.device)
     if args.backend == "nccl" and not args.device.startswith("cuda"):  # [30] NCCL reduces GPU tensors only
         arg_error("backend", f"reduces GPU tensors: needs a CUDA --device, not {args.device} (gloo on CPU)", "nccl")
-    args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
+    batch_size = args.num_envs * args.num_steps  # as train() works it out: the checks run first
+    minibatch_size = batch_size // args.num_minibatches
     # ── feature rules that span flags ──
     if args.init_model is not None and args.resume is not None:
         arg_error("init-model", "cannot be combined with --resume", args.init_model)
@@ -1405,12 +1475,16 @@ def check_args(args: Args) -> None:
     # ── end feature rules that span flags ──
     # ── torchrun [30]: every process owns num_envs / world_size envs and its share of each minibatch ──
     args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    for flag in ("num_envs", "num_eval_envs", "minibatch_size"):
-        if getattr(args, flag) % args.world_size:
-            arg_error(flag, f"must divide among the {args.world_size} processes of torchrun", getattr(args, flag))
+    for flag, value in (
+        ("num_envs", args.num_envs),
+        ("num_eval_envs", args.num_eval_envs),
+        ("minibatch_size", minibatch_size),
+    ):
+        if value % args.world_size:
+            arg_error(flag, f"must divide among the {args.world_size} processes of torchrun", value)
     args.local_num_envs = args.num_envs // args.world_size
     args.local_batch_size = args.local_num_envs * args.num_steps
-    args.local_minibatch_size = args.minibatch_size // args.world_size
+    args.local_minibatch_size = minibatch_size // args.world_size
     if args.prio_alpha > 0 and args.local_num_envs % args.num_minibatches:
         arg_error("prio-alpha", "samples whole env segments: each process's envs must be a multiple of "
                   "--num-minibatches", args.prio_alpha)  # fmt: skip
@@ -1467,10 +1541,10 @@ def make_dir(path: str, flag: str) -> str:
 
 
 def console(text):
-    """Print a line; once nothing reads stdout (a closed pipe), the lines go nowhere and the run goes on."""
+    """Print a line; once stdout fails (a closed pipe, a full disk, a lost terminal), the rest goes nowhere."""
     try:
         print(text, flush=True)
-    except BrokenPipeError:
+    except OSError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's last flush goes there too
 
 

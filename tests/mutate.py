@@ -50,7 +50,7 @@ MUTANTS = [
      "value loss toward the old values, not the returns"),
     (PPO, "b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)", "b_advantages = b_advantages - b_mean",
      "advantages centred but not scaled"),
-    (PPO, "1_000_003, num_levels=0, **game)", "1_000_003, num_levels=args.num_levels, **game)",
+    (PPO, "1_000_003, 0, 0, args, video_dir)", "1_000_003, args.num_levels, args.start_level, args, video_dir)",
      "test envs on the training levels"),
     (PPO, "values[step] = value.flatten()", "values[step] = value.flatten().roll(1)",
      "values stored against another env's observation"),
@@ -69,7 +69,7 @@ MUTANTS = [
      "PPG: ratio inverted"),
     (PPG, "                optimizer.zero_grad()\n                loss.backward()",
      "                loss.backward()", "PPG: zero_grad removed from the policy phase"),
-    (PPG, "1_000_003, num_levels=0, **game)", "1_000_003, num_levels=args.num_levels, **game)",
+    (PPG, "1_000_003, 0, 0, args, video_dir)", "1_000_003, args.num_levels, args.start_level, args, video_dir)",
      "PPG: test envs on the training levels"),
     (PPG, "loss = loss + v_loss * args.vf_coef", "loss = loss + v_loss * 0", "PPG: value loss weighted by zero"),
 ]  # fmt: skip

@@ -289,3 +289,74 @@ def test_a_resumed_checkpoint_is_read_from_disk_once(trained, tmp_path, monkeypa
     argv = ["--resume", str(run_dir), "--total-timesteps", "384", "--no-save-model"]
     script.train(script.parse_args(argv, default=script.cli_defaults(argv)))
     assert len(reads) == 1, reads
+
+
+def test_flags_given_beside_resume_win_over_the_optimizer_s_saved_settings(trained, tmp_path, monkeypatch):
+    """Adam's state_dict carries its learning rate and epsilon; `--learning-rate` and `--adam-eps` must still win."""
+    script, flags, run_dir = copy_of_run(trained, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    restore_run, seen = script.restore_run, []
+
+    def restore_and_look(ckpt, agent, optimizer, *a):
+        mine = restore_run(ckpt, agent, optimizer, *a)
+        seen.append({key: optimizer.param_groups[0][key] for key in ("lr", "eps")})
+        return mine
+
+    monkeypatch.setattr(script, "restore_run", restore_and_look)
+    more = ["--total-timesteps", "512", "--learning-rate", "1e-4", "--adam-eps", "1e-6", "--resume", str(run_dir)]
+    train(script, [*flags, *more])
+    assert seen == [{"lr": 1e-4, "eps": 1e-6}]
+    logged = read_scalars(run_dir)["charts/learning_rate"]
+    assert [v for s, v in logged if s > 256] == pytest.approx([1e-4, 1e-4]) and logged[0][1] == pytest.approx(5e-4)
+
+
+def test_resuming_with_rnd_switched_on_or_off_is_one_line(trained, tmp_path, monkeypatch, capsys):
+    script, flags, run_dir = copy_of_run(trained, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    before = contents(run_dir)
+    with pytest.raises(SystemExit) as exc:
+        train(script, [*flags, "--total-timesteps", "512", "--intrinsic-coef", "0.5", "--resume", str(run_dir)])
+    line = one_error_line(capsys, exc)
+    assert line.startswith(f"{script.SCRIPT}.py: error: --intrinsic-coef 0.5: ")
+    assert "made with --intrinsic-coef 0.0; RND must be on in both runs or off in both" in line
+    assert contents(run_dir) == before
+
+
+class RunsCode:
+    """An object whose unpickling calls os.mkdir: what a checkpoint from elsewhere could do with pickle."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_checkpoint_that_would_run_code_is_refused_without_running_it(name, tmp_path, monkeypatch, capsys):
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "the_code_ran"
+    torch.save({"script": name, "args": {}, "iteration": 1, "x": RunsCode(str(marker))}, tmp_path / "iter_00000001.pt")
+    for flag in ("--resume", "--eval-only", "--init-model"):
+        with pytest.raises(SystemExit) as exc:
+            argv = [*smoke_args(name), "--device", "cpu", flag, str(tmp_path / "iter_00000001.pt")]
+            script.train(script.parse_args(argv, default=script.cli_defaults(argv)))
+        line = one_error_line(capsys, exc)
+        assert "not a readable checkpoint (holds more than tensors and plain values" in line, line
+    assert not marker.exists()
+
+
+def test_a_torchrun_restart_continues_from_the_newest_checkpoint_not_the_resumed_file(trained, tmp_path, monkeypatch):
+    """torchrun restarted a job begun with `--resume FILE`: it goes on from the run's newest checkpoint, not FILE."""
+    script, flags, run_dir = copy_of_run(trained, tmp_path)
+    if script.SCRIPT == "ppg_procgen_full":
+        pytest.skip("the smoke run of PPG has one checkpoint: its phase's end")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    logged = []
+    monkeypatch.setattr(script, "console", logged.append)
+    first = run_dir / "checkpoints" / "iter_00000001.pt"
+    assert train(script, [*flags, "--resume", str(first)]) == run_dir.name
+    assert any("is complete: 2 of 2 iterations" in line for line in logged), logged

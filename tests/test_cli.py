@@ -126,7 +126,7 @@ def test_bad_input_from_the_command_line(tmp_path, name, flags, message):
         assert proc.stderr.strip().splitlines() == [f"{name}.py: error: {message}"]
 
 
-@pytest.mark.parametrize("name,flags", [(name, []) for name in SCRIPTS] + [("ppo_procgen_full", ["--capture-video"])])
+@pytest.mark.parametrize("name,flags", [(name, []) for name in SCRIPTS] + [("ppg_procgen", ["--capture-video"])])
 def test_an_unwritable_output_directory_is_one_line(tmp_path, monkeypatch, capsys, name, flags):
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
@@ -158,7 +158,7 @@ def test_same_seed_same_losses_other_seed_not(tmp_path, monkeypatch, name):
     assert losses["a"] != losses["c"]
 
 
-@pytest.mark.parametrize("name", FULL.values())  # videos are a feature of the full files
+@pytest.mark.parametrize("name", ["ppo_procgen", *FULL.values()])  # the lean files share the full files' lines
 def test_video_and_model_are_written(tmp_path, name):
     flags = [*smoke_args(name), "--total-timesteps", "512", "--device", "cpu", "--capture-video", "--save-model"]
     proc = run_script(f"{name}.py", flags, tmp_path)

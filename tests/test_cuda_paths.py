@@ -179,3 +179,15 @@ def test_a_gpu_the_driver_lists_is_not_skipped_as_absent(monkeypatch):
     assert len(conftest.nvidia_gpus()) == 2
     monkeypatch.setattr(conftest.shutil, "which", lambda name: None)
     assert conftest.nvidia_gpus() == []
+
+
+@pytest.mark.parametrize("name", FULL)
+def test_one_torchrun_process_keeps_the_gpu_it_was_given(name, gpus, monkeypatch):
+    """`torchrun --nproc-per-node 1 ... --device cuda:1`: the process's local rank (0) must not replace cuda:1."""
+    asked = gpus(2)
+    torchrun_env(monkeypatch, 0, 1)
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: type("T", (), {"device": device})())
+    script = load_script(name)
+    args = script.parse_args([*smoke_args(name), "--device", "cuda:1"])
+    script.check_args(args)
+    assert args.device == "cuda:1" and asked == []

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import AUX_TAGS, ROOT, assert_trained, only_run_dir, read_scalars, smoke_args
+from conftest import AUX_TAGS, ROOT, assert_trained, load_script, only_run_dir, read_scalars, smoke_args
 
 # On this machine gloo's connectFullMesh has, twice in about ten launches, been refused on 127.0.0.1 at process-group
 # init (cause not established); one restart of torchrun's own absorbs such a start, and every assertion below still
@@ -116,3 +116,17 @@ def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path):
     # the job finished, every iteration logged once: what the dead run logged after its checkpoint was dropped
     assert [step for step, _ in scalars["losses/policy_loss"]] == [128 * i for i in range(1, 7)]
     assert scalars["charts/ranks_max_param_diff"] == [(total, 0.0)]
+
+
+@pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
+def test_torchrun_without_a_run_id_names_each_run_apart(name, monkeypatch):
+    """torchrun without --rdzv-id or --standalone sets TORCHELASTIC_RUN_ID to "none": that must not become the run's
+    name, or two runs share a directory and one's checkpoint rotation deletes the other's checkpoints."""
+    script = load_script(name)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    args = script.parse_args([*smoke_args(name), "--device", "cpu"])
+    script.check_args(args)
+    run_name = script.join_processes(args, torch.device("cpu"))
+    assert run_name.rsplit("__", 1)[1].isdigit(), run_name
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
+    assert script.join_processes(args, torch.device("cpu")).endswith("__job-7")

@@ -7,7 +7,7 @@ import shlex
 import sys
 
 import pytest
-from conftest import ROOT, load_script, parse
+from conftest import ROOT, load_script, outcome, parse, smoke_args
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
@@ -82,3 +82,16 @@ def test_every_numbered_marker_has_its_detail():
             marked |= {int(n) for n in re.findall(r"\[(\d+)\]", comment)}
     assert details == set(range(1, 35))
     assert marked == details, (marked - details, details - marked)
+
+
+def test_the_error_lines_the_docs_quote_are_the_ones_the_scripts_print():
+    """A quoted `script.py: error: --flag value: rule` must be what that script prints for that flag and value."""
+    quoted = []
+    for path in ("README.md", "DETAILS.md", "FEATURES.md"):
+        quoted += re.findall(
+            r"`((pp[og]_procgen(?:_full)?)\.py: error: (--[\w-]+) (\S+): [^`]+)`", (ROOT / path).read_text()
+        )
+    assert quoted, "no quoted error line"
+    for line, name, flag, value in quoted:
+        status, lines = outcome(load_script(name), [*smoke_args(name), "--device", "cpu", flag, value])
+        assert status == 2 and lines == [line], (line, lines)
