@@ -266,7 +266,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, action=None):
         x = preprocess(x)
         hidden = self.network(x)
-        probs = Categorical(logits=self.actor(hidden))
+        probs = Categorical(logits=self.actor(hidden), validate_args=False)  # its checks would wait for the GPU
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(self.value_hidden(x, hidden))
@@ -279,7 +279,7 @@ class Agent(nn.Module):
         x = preprocess(x)
         hidden = self.network(x)
         value = self.critic(self.value_hidden(x, hidden))
-        return Categorical(logits=self.actor(hidden)), value, self.aux_critic(hidden)
+        return Categorical(logits=self.actor(hidden), validate_args=False), value, self.aux_critic(hidden)
 
 
 # [5] GAE (Schulman et al. 2016) over (num_steps, num_envs): dones[t] = 1 if obs[t] starts an episode; next_* bootstrap
@@ -308,15 +308,16 @@ def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2)
 
 
-# [8] Minibatches: a fresh shuffle of the whole batch every epoch.
-def minibatch_indices(batch_size, minibatch_size):
-    b_inds = np.random.permutation(batch_size)
-    return [b_inds[start : start + minibatch_size] for start in range(0, batch_size, minibatch_size)]
+# [8] Minibatches: a fresh shuffle of the whole batch every epoch, sent to the device once, not once per minibatch.
+def minibatch_indices(batch_size, minibatch_size, device):
+    b_inds = torch.as_tensor(np.random.permutation(batch_size), device=device)
+    return b_inds.split(minibatch_size)
 
 
 # [21] Behaviour cloning term of the auxiliary phase: KL(old policy || new policy).
 def policy_kl(old_logits, new_logits):
-    return torch.distributions.kl_divergence(Categorical(logits=old_logits), Categorical(logits=new_logits)).mean()
+    old, new = Categorical(logits=old_logits, validate_args=False), Categorical(logits=new_logits, validate_args=False)
+    return torch.distributions.kl_divergence(old, new).mean()
 
 
 # [22] The auxiliary phase: distil the value into the policy network while cloning the old policy.
@@ -333,7 +334,7 @@ def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args):
     stats = {"kl_loss": [], "aux_value_loss": [], "real_value_loss": []}
     optimizer.zero_grad()
     for _epoch in range(args.e_auxiliary):
-        minibatches = minibatch_indices(num_rollouts, mb_rollouts)
+        minibatches = minibatch_indices(num_rollouts, mb_rollouts, aux_obs.device)
         for i, mb_inds in enumerate(minibatches):
             m_obs = aux_obs[:, mb_inds].flatten(0, 1)
             m_returns = aux_returns[:, mb_inds].reshape(-1)
@@ -479,7 +480,7 @@ def train(args: Args):
         # Optimizing the policy and value network
         clipfracs = []  # kept on the device, read once when logged: no sync per minibatch
         for epoch in range(max(args.e_policy, args.v_value)):
-            for mb_inds in minibatch_indices(args.batch_size, args.minibatch_size):
+            for mb_inds in minibatch_indices(args.batch_size, args.minibatch_size, device):
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()

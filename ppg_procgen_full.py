@@ -509,7 +509,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, action=None):
         x = preprocess(x)
         hidden = self.network(x)
-        probs = Categorical(logits=self.actor(hidden))
+        probs = Categorical(logits=self.actor(hidden), validate_args=False)  # its checks would wait for the GPU
         if action is None:
             # ── sampling without a host sync [34] ──: `probs.sample()`'s draw (torch.multinomial's exponential
             # race: the same actions, seed for seed) without its validity checks, which wait for the GPU
@@ -525,7 +525,7 @@ class Agent(nn.Module):
         x = preprocess(x)
         hidden = self.network(x)
         value = self.critic(self.value_hidden(x, hidden))
-        return Categorical(logits=self.actor(hidden)), value, self.aux_critic(hidden)
+        return Categorical(logits=self.actor(hidden), validate_args=False), value, self.aux_critic(hidden)
 
 
 # [5] GAE (Schulman et al. 2016) over (num_steps, num_envs): dones[t] = 1 if obs[t] starts an episode; next_* bootstrap
@@ -559,15 +559,16 @@ def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2)
 
 
-# [8] Minibatches: a fresh shuffle of the whole batch every epoch.
-def minibatch_indices(batch_size, minibatch_size):
-    b_inds = np.random.permutation(batch_size)
-    return [b_inds[start : start + minibatch_size] for start in range(0, batch_size, minibatch_size)]
+# [8] Minibatches: a fresh shuffle of the whole batch every epoch, sent to the device once, not once per minibatch.
+def minibatch_indices(batch_size, minibatch_size, device):
+    b_inds = torch.as_tensor(np.random.permutation(batch_size), device=device)
+    return b_inds.split(minibatch_size)
 
 
 # [21] Behaviour cloning term of the auxiliary phase: KL(old policy || new policy).
 def policy_kl(old_logits, new_logits):
-    return torch.distributions.kl_divergence(Categorical(logits=old_logits), Categorical(logits=new_logits)).mean()
+    old, new = Categorical(logits=old_logits, validate_args=False), Categorical(logits=new_logits, validate_args=False)
+    return torch.distributions.kl_divergence(old, new).mean()
 
 
 # [22] The auxiliary phase: distil the value into the policy network while cloning the old policy.
@@ -584,7 +585,7 @@ def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args, progress
     stats = {"kl_loss": [], "aux_value_loss": [], "real_value_loss": []}
     optimizer.zero_grad()
     for _epoch in range(args.e_auxiliary):
-        minibatches = minibatch_indices(num_rollouts, mb_rollouts)
+        minibatches = minibatch_indices(num_rollouts, mb_rollouts, aux_obs.device)
         for i, mb_inds in enumerate(minibatches):
             m_obs = aux_obs[:, mb_inds].flatten(0, 1)
             m_returns = aux_returns[:, mb_inds].reshape(-1)
@@ -631,11 +632,13 @@ def prioritized_segments(priorities, num_minibatches, alpha, beta):
 def minibatches(advantages, args: Args, beta):
     """[8] Shuffled samples, weight None; or [29] whole env segments (columns of the rollout) by priority."""
     if args.prio_alpha == 0:
-        return [(mb_inds, None) for mb_inds in minibatch_indices(args.local_batch_size, args.local_minibatch_size)]
+        mbs = minibatch_indices(args.local_batch_size, args.local_minibatch_size, advantages.device)
+        return [(mb_inds, None) for mb_inds in mbs]
     envs, weights = prioritized_segments(
         advantages.abs().sum(0).cpu().numpy(), args.num_minibatches, args.prio_alpha, beta
     )
-    steps = np.arange(args.num_steps)[:, None] * args.local_num_envs  # sample t * num_envs + env of the batch
+    steps = torch.arange(args.num_steps, device=advantages.device)[:, None] * args.local_num_envs  # t * num_envs
+    envs = torch.as_tensor(envs, device=advantages.device)  # + the env: the samples of a segment, on the device
     weights = torch.as_tensor(weights, dtype=torch.float32, device=advantages.device)
     return [((steps + e).reshape(-1), w.repeat(args.num_steps)) for e, w in zip(envs, weights, strict=True)]
 

@@ -233,7 +233,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         hidden = self.network(preprocess(x))
-        probs = Categorical(logits=self.actor(hidden))
+        probs = Categorical(logits=self.actor(hidden), validate_args=False)  # its checks would wait for the GPU
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden)
@@ -265,10 +265,10 @@ def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2)
 
 
-# [8] Minibatches: a fresh shuffle of the whole batch every epoch.
-def minibatch_indices(batch_size, minibatch_size):
-    b_inds = np.random.permutation(batch_size)
-    return [b_inds[start : start + minibatch_size] for start in range(0, batch_size, minibatch_size)]
+# [8] Minibatches: a fresh shuffle of the whole batch every epoch, sent to the device once, not once per minibatch.
+def minibatch_indices(batch_size, minibatch_size, device):
+    b_inds = torch.as_tensor(np.random.permutation(batch_size), device=device)
+    return b_inds.split(minibatch_size)
 
 
 def log_episodes(episodes, infos, global_step, tag):
@@ -381,7 +381,7 @@ def train(args: Args):
         # Optimizing the policy and value network
         clipfracs = []  # kept on the device, read once when logged: no sync per minibatch
         for epoch in range(args.update_epochs):  # noqa: B007
-            for mb_inds in minibatch_indices(args.batch_size, args.minibatch_size):
+            for mb_inds in minibatch_indices(args.batch_size, args.minibatch_size, device):
                 _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
                 logratio = newlogprob - b_logprobs[mb_inds]
                 ratio = logratio.exp()

@@ -473,7 +473,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         hidden = self.network(preprocess(x))
-        probs = Categorical(logits=self.actor(hidden))
+        probs = Categorical(logits=self.actor(hidden), validate_args=False)  # its checks would wait for the GPU
         if action is None:
             # ── sampling without a host sync [34] ──: `probs.sample()`'s draw (torch.multinomial's exponential
             # race: the same actions, seed for seed) without its validity checks, which wait for the GPU
@@ -513,10 +513,10 @@ def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2)
 
 
-# [8] Minibatches: a fresh shuffle of the whole batch every epoch.
-def minibatch_indices(batch_size, minibatch_size):
-    b_inds = np.random.permutation(batch_size)
-    return [b_inds[start : start + minibatch_size] for start in range(0, batch_size, minibatch_size)]
+# [8] Minibatches: a fresh shuffle of the whole batch every epoch, sent to the device once, not once per minibatch.
+def minibatch_indices(batch_size, minibatch_size, device):
+    b_inds = torch.as_tensor(np.random.permutation(batch_size), device=device)
+    return b_inds.split(minibatch_size)
 
 
 # ── prioritised sampling [29] of env segments (Metta's PPO loss; Schaul et al., 2016) ──
@@ -538,11 +538,13 @@ def prioritized_segments(priorities, num_minibatches, alpha, beta):
 def minibatches(advantages, args: Args, beta):
     """[8] Shuffled samples, weight None; or [29] whole env segments (columns of the rollout) by priority."""
     if args.prio_alpha == 0:
-        return [(mb_inds, None) for mb_inds in minibatch_indices(args.local_batch_size, args.local_minibatch_size)]
+        mbs = minibatch_indices(args.local_batch_size, args.local_minibatch_size, advantages.device)
+        return [(mb_inds, None) for mb_inds in mbs]
     envs, weights = prioritized_segments(
         advantages.abs().sum(0).cpu().numpy(), args.num_minibatches, args.prio_alpha, beta
     )
-    steps = np.arange(args.num_steps)[:, None] * args.local_num_envs  # sample t * num_envs + env of the batch
+    steps = torch.arange(args.num_steps, device=advantages.device)[:, None] * args.local_num_envs  # t * num_envs
+    envs = torch.as_tensor(envs, device=advantages.device)  # + the env: the samples of a segment, on the device
     weights = torch.as_tensor(weights, dtype=torch.float32, device=advantages.device)
     return [((steps + e).reshape(-1), w.repeat(args.num_steps)) for e, w in zip(envs, weights, strict=True)]
 

@@ -45,7 +45,7 @@ def test_clipped_value_loss(script):
 
 
 def test_minibatches_cover_the_batch_once(script):
-    minibatches = script.minibatch_indices(64, 16)
+    minibatches = script.minibatch_indices(64, 16, "cpu")
     assert [len(mb) for mb in minibatches] == [16] * 4
     assert sorted(np.concatenate(minibatches)) == list(range(64))
 

@@ -1,0 +1,60 @@
+"""The update loops wait on nothing from the host: no index array copied to the device per minibatch, no tensor read
+back per minibatch. On the CPU, a dispatch mode sees both as the operators a GPU would wait on: `lift_fresh` of an
+integer array (numpy indices turned into a tensor) and `_local_scalar_dense` of a bool (a validity check read back)."""
+
+import pytest
+import torch
+import tyro
+from conftest import load_script, smoke_args
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
+
+
+class HostTraffic(TorchDispatchMode):
+    """Counts the operators through which the host feeds or reads an index or a check."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if first is not None and (
+            (func is torch.ops.aten.lift_fresh.default and not first.is_floating_point())
+            or (func is torch.ops.aten._local_scalar_dense.default and first.dtype == torch.bool)
+        ):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def counted(fn, traffic, marks):
+    """`fn`, noting the count of host traffic at each call."""
+
+    def wrapper(*args):
+        marks.append(traffic.count)
+        return fn(*args)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_no_host_traffic_between_the_minibatches_of_an_epoch(name, tmp_path, monkeypatch):
+    """Through `train()` at smoke size: a policy-phase minibatch calls `clipped_policy_loss` once (2 an epoch), an
+    auxiliary one `policy_kl` once (4 an epoch); between two calls of one epoch the count must not grow. Adam's step
+    counters, read on the host by design (they live there), are floats and not counted."""
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    traffic, marks = HostTraffic(), {}
+    for fn in ("clipped_policy_loss", "policy_kl"):
+        if hasattr(script, fn):
+            marks[fn] = []
+            monkeypatch.setattr(script, fn, counted(getattr(script, fn), traffic, marks[fn]))
+    with traffic:
+        script.train(tyro.cli(script.Args, args=[*smoke_args(name), "--device", "cpu"]))
+    for fn, per_epoch in (("clipped_policy_loss", 2), ("policy_kl", 4)):
+        if fn in marks:
+            calls = marks[fn]
+            assert len(calls) >= 2 * per_epoch, (fn, calls)
+            steps = [b - a for i, (a, b) in enumerate(zip(calls, calls[1:], strict=False)) if (i + 1) % per_epoch]
+            assert steps == [0] * len(steps), (fn, steps)
