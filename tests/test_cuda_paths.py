@@ -68,14 +68,19 @@ def test_gpu_flag_combinations_that_would_go_wrong_are_one_line(
 
 
 @pytest.mark.parametrize("name", FULL)
-def test_a_torchrun_process_takes_its_local_rank_s_gpu(name, gpus, monkeypatch):
+@pytest.mark.parametrize(
+    "local_rank,world_size,device,asked_for",
+    [(1, 2, "cuda", [1]), (0, 1, "cuda:1", [])],  # rank 1 of 2 takes GPU 1; one process keeps the GPU it was given
+)
+def test_a_torchrun_process_takes_its_local_rank_s_gpu(name, local_rank, world_size, device, asked_for, gpus,
+                                                       monkeypatch):  # fmt: skip
     asked = gpus(2)
-    torchrun_env(monkeypatch, 1, 2)
+    torchrun_env(monkeypatch, local_rank, world_size)
     monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: type("T", (), {"device": device})())
     script = load_script(name)
-    args = script.parse_args([*smoke_args(name), "--device", "cuda"])
+    args = script.parse_args([*smoke_args(name), "--device", device])
     script.check_args(args)
-    assert asked == [1] and args.device == "cuda:1"
+    assert asked == asked_for and args.device == "cuda:1"
 
 
 @pytest.mark.parametrize("name", FULL)
@@ -179,15 +184,3 @@ def test_a_gpu_the_driver_lists_is_not_skipped_as_absent(monkeypatch):
     assert len(conftest.nvidia_gpus()) == 2
     monkeypatch.setattr(conftest.shutil, "which", lambda name: None)
     assert conftest.nvidia_gpus() == []
-
-
-@pytest.mark.parametrize("name", FULL)
-def test_one_torchrun_process_keeps_the_gpu_it_was_given(name, gpus, monkeypatch):
-    """`torchrun --nproc-per-node 1 ... --device cuda:1`: the process's local rank (0) must not replace cuda:1."""
-    asked = gpus(2)
-    torchrun_env(monkeypatch, 0, 1)
-    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: type("T", (), {"device": device})())
-    script = load_script(name)
-    args = script.parse_args([*smoke_args(name), "--device", "cuda:1"])
-    script.check_args(args)
-    assert args.device == "cuda:1" and asked == []
