@@ -177,6 +177,9 @@ class Args:
     checkpoint_interval: int = 0
     """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on SIGINT/SIGTERM),
     at the end of the phase where the interval falls: the phase buffer is spent there and left out"""
+    checkpoint_aux_epochs: bool = False
+    """also write a checkpoint after every auxiliary epoch but the last, with the whole phase buffer (6.25 GiB at the
+    default sizes): for machines where one auxiliary phase outlasts a working session"""
     keep_checkpoints: int = 3
     """keep this many of the newest checkpoints"""
     resume: str | None = None
@@ -572,19 +575,32 @@ def policy_kl(old_logits, new_logits):
 
 
 # [22] The auxiliary phase: distil the value into the policy network while cloning the old policy.
-def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args, progress=lambda text: None):
+def auxiliary_phase(
+    agent, optimizer, aux_obs, aux_returns, args: Args, progress=lambda text: None, after=None, resume=None
+):
     """E_aux epochs over the phase buffer, `num_aux_rollouts` whole rollouts per minibatch; returns mean losses.
 
     `aux_obs` is (num_steps, rollouts, *observation shape) uint8 and `aux_returns` (num_steps, rollouts).
+    `after(epoch, state)` is called after each epoch with a function that returns the phase's state so far (for a
+    checkpoint); `resume`, such a state, continues the phase after its epoch instead of starting it.
     """
     num_rollouts, mb_rollouts = aux_obs.shape[1], args.num_aux_rollouts // args.world_size  # [30] this process's share
     # the old policy: its logits for the whole buffer, before any auxiliary step
     with torch.no_grad():
         chunks = [aux_obs[:, i : i + mb_rollouts] for i in range(0, num_rollouts, mb_rollouts)]
-        aux_logits = torch.cat([agent.get_pi(c.flatten(0, 1)).unflatten(0, c.shape[:2]) for c in chunks], dim=1)
+        old = (agent.get_pi(c.flatten(0, 1)).unflatten(0, c.shape[:2]) for c in chunks)  # not run on a resume [25]
+        aux_logits = resume["logits"].to(aux_obs.device) if resume else torch.cat(list(old), dim=1)
     stats = {"kl_loss": [], "aux_value_loss": [], "real_value_loss": []}
     optimizer.zero_grad()
-    for _epoch in range(args.e_auxiliary):
+    # ── checkpoints [25]: the phase's state after an epoch, and a phase resumed from it ──
+    if resume is not None:  # the losses so far (an epoch ends on an optimizer step: no gradients are pending)
+        stats = {key: list(values.to(aux_obs.device)) for key, values in resume["stats"].items()}
+
+    def state():
+        return {"logits": aux_logits.cpu(), "stats": {key: torch.stack(v).cpu() for key, v in stats.items()}}
+
+    # ── end checkpoints ──
+    for _epoch in range(resume["epoch"] if resume else 0, args.e_auxiliary):
         minibatches = minibatch_indices(num_rollouts, mb_rollouts, aux_obs.device)
         for i, mb_inds in enumerate(minibatches):
             m_obs = aux_obs[:, mb_inds].flatten(0, 1)
@@ -609,6 +625,10 @@ def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args, progress
                 ("real_value_loss", real_value_loss),
             ):
                 stats[key].append(value.detach())
+        # ── checkpoints [25]: between epochs, when one is due ──
+        if after is not None:
+            after(_epoch + 1, state)
+        # ── end checkpoints ──
     means = [torch.stack(v).mean().item() for v in stats.values()]
     return dict(zip(stats, rank_reduce(means, args.world_size), strict=True))  # [30]
 
@@ -837,19 +857,37 @@ def unplain(value):
     return value
 
 
+class WholeWrites:
+    """An unbuffered file whose every write is whole, or an OSError with the system's reason (a full disk, a quota):
+    `torch.save` would take a short write for a broken archive and say only that."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[self.file.write(view) :]
+        return len(data)
+
+    def flush(self):  # unbuffered: nothing waits
+        pass
+
+
 def save_checkpoint(run_dir, name, state, keep=None):
     """Write to a temporary file, flush it to disk, then rename: a kill at any moment leaves the old files whole. A
     write that fails (a full disk, a quota) removes its temporary file, says why in one line and returns None."""
-    path, buffer = f"{run_dir}/checkpoints/{name}", io.BytesIO()
-    torch.save(plain(state), buffer)  # serialised first: a failed write then reports the file system's reason
-    try:
+    path = f"{run_dir}/checkpoints/{name}"
+    try:  # straight into the file, not through a copy in memory: PPG's phase buffer may be 6 GiB
         os.makedirs(f"{run_dir}/checkpoints", exist_ok=True)
-        with open(path + ".tmp", "wb") as f:
-            f.write(buffer.getbuffer())
-            f.flush()
+        with open(path + ".tmp", "wb", buffering=0) as f:
+            torch.save(plain(state), WholeWrites(f))
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
-    except OSError as exc:
+    except (OSError, RuntimeError) as error:
+        exc = error if isinstance(error, OSError) else error.__context__  # torch's archive error hides the system's
+        if not isinstance(exc, OSError):
+            raise
         with contextlib.suppress(OSError):
             os.remove(path + ".tmp")
         print(f"{SCRIPT}.py: warning: {path} not written: {exc.strerror or exc}; the earlier checkpoints are kept",
@@ -954,31 +992,34 @@ def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args: A
     return mine
 
 
-def write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args: Args):
-    """The run's state after `iteration`: the weights and the optimizer, and every process's own part (`mine`: its
-    games, random states, ...), gathered and written by rank 0. Its path; None where it could not be written (the
-    warning said why, and the next checkpoint tries again) or on the other ranks."""
+def write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args: Args, aux_epoch=0):
+    """The run's state after `iteration` (and `aux_epoch` epochs of its auxiliary phase): the weights and the optimizer,
+    and every process's own part (`mine`: its games, random states, ...), gathered and written by rank 0. Its path;
+    None where it could not be written (the warning said why, and the next checkpoint tries again) or on the other
+    ranks. Inside an auxiliary phase, `iter_N.auxE.pt` sorts before `iter_N.pt`, and after `iter_N-1.pt`."""
     ranks = gather_objects(mine, args.world_size, everywhere=False)
     if args.rank > 0:
         return None
     state = {
         "script": SCRIPT, "args": given, "run_name": run_name, "iteration": iteration, "global_step": global_step,
         "model": agent.state_dict(), "optimizer": optimizer.state_dict(), "ranks": ranks,
-        "recent_returns": list(recent[0]), "recent_test_returns": list(recent[1]),
+        "recent_returns": list(recent[0]), "recent_test_returns": list(recent[1]), "aux_epoch": aux_epoch,
     }  # fmt: skip
-    path = save_checkpoint(f"runs/{run_name}", f"iter_{iteration:08d}.pt", state, args.keep_checkpoints)
+    name = f"iter_{iteration:08d}.aux{aux_epoch:03d}.pt" if aux_epoch else f"iter_{iteration:08d}.pt"
+    path = save_checkpoint(f"runs/{run_name}", name, state, args.keep_checkpoints)
     if path is not None:
         console(f"checkpoint: {path}")
     return path
 
 
-def stopped_by_signal(signum, iteration, ckpt_path, args: Args):
-    """Say where a run stopped by SIGINT or SIGTERM is, and how to resume it; the exit status, 128 + the signal."""
+def stopped_by_signal(signum, where, ckpt_path, args: Args):
+    """Say where (`iteration N`, ...) a run stopped by SIGINT or SIGTERM is, and how to resume it; the exit status,
+    128 + the signal."""
     name = signal.Signals(signum).name
     if args.rank == 0 and ckpt_path is None:
-        console(f"stopped by {name} after iteration {iteration}; no checkpoint was written")
+        console(f"stopped by {name} after {where}; no checkpoint was written")
     elif args.rank == 0:
-        console(f"stopped by {name} after iteration {iteration}, checkpoint {ckpt_path}\n"
+        console(f"stopped by {name} after {where}, checkpoint {ckpt_path}\n"
                 f"resume with: python {SCRIPT}.py --resume {ckpt_path}")  # fmt: skip
     return 128 + signum
 
@@ -1012,8 +1053,8 @@ class GracefulStop:
             print(f"\n{name} again: exiting now, without a checkpoint", file=sys.stderr, flush=True)
             os._exit(128 + signum)
         self.signum = signum
-        print(f"\n{name}: finishing this iteration, then writing a checkpoint ({name} again exits at once)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"\n{name}: finishing this iteration or auxiliary epoch, then writing a checkpoint ({name} again exits "
+              "at once)", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def cli_defaults(argv):
@@ -1129,7 +1170,7 @@ def train(args: Args):
     # ── checkpoints [25]: resume ──
     ckpt = resume_checkpoint(args)
     run_name = ckpt["run_name"] if ckpt else run_name
-    if ckpt and ckpt["iteration"] >= args.num_iterations:  # nothing left to do: say so, and write nothing
+    if ckpt and ckpt["iteration"] >= args.num_iterations and not ckpt.get("aux_epoch"):  # nothing left: say so
         console(f"runs/{run_name} is complete: {ckpt['iteration']} of {args.num_iterations} iterations, "
                 f"{ckpt['global_step']} steps; to extend it: python {SCRIPT}.py --resume runs/{run_name} "
                 f"--total-timesteps {2 * args.total_timesteps}")  # fmt: skip
@@ -1237,6 +1278,61 @@ def train(args: Args):
             sys.stdout.show(f"{text}  step {global_step}/{total}  SPS {sps:.0f}  {minutes_left:.1f} min left")
 
     # ── end status line ──
+
+    # ── checkpoints [25]: after an iteration, and inside an auxiliary phase after an epoch ──
+    def my_part(filled):
+        """This process's part of a checkpoint: its games, random states, next observations, and the first `filled`
+        rollouts of the phase buffer [23] (some inside a phase, none at its end, all inside its auxiliary phase)."""
+
+        def phase(x):  # a copy of a part: a view would save the whole 6 GiB storage (on CPU `.cpu()` is a view)
+            return x.cpu() if filled == x.shape[1] else x[:, :filled].cpu().clone()
+
+        return {
+            "rng": rng_state(device), "envs": env_state(envs), "next_obs": next_obs.cpu(), "next_done": next_done.cpu(),
+            "intrinsic_return": agent.rnd.intrinsic_return.cpu() if args.intrinsic_coef > 0 else None,  # [33]
+            "test_envs": env_state(test_envs) if args.eval_interval > 0 else None,
+            "test_obs": test_obs.cpu() if args.eval_interval > 0 else None,
+            "aux_obs": phase(aux_obs), "aux_returns": phase(aux_returns),
+        }  # fmt: skip
+
+    def checkpoint_after(iteration):
+        """At the interval, or when a signal asked to stop (then exit). The interval's checkpoints wait for the phase's
+        end, where the phase buffer is spent and left out; only a signal mid-phase writes the phase so far."""
+        signum = int(rank_reduce([stop.signum or 0], args.world_size, mean=False)[0])  # any process's signal stops all
+        phase_end, interval = iteration % args.n_iteration == 0, args.checkpoint_interval
+        crossed = interval and iteration // interval > (iteration - args.n_iteration) // interval  # in this phase
+        if (phase_end and crossed) or signum:
+            mine, recent = my_part(iteration % args.n_iteration * envs.num_envs), (recent_returns, recent_test_returns)
+            path = write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args)
+        if signum:
+            writer.close()
+            raise SystemExit(stopped_by_signal(signum, f"iteration {iteration}", path, args))
+
+    def checkpoint_inside_aux(epoch, aux_state):
+        """After an auxiliary epoch but the last, with `--checkpoint-aux-epochs` or when a signal asked to stop (then
+        exit): the whole phase buffer, the old policy's logits and the epochs done, for a resume to go on from."""
+        signum = int(rank_reduce([stop.signum or 0], args.world_size, mean=False)[0])
+        if epoch == args.e_auxiliary or not (signum or args.checkpoint_aux_epochs):
+            return
+        mine = {**my_part(aux_obs.shape[1]), "aux": {**aux_state(), "epoch": epoch}}
+        recent = (recent_returns, recent_test_returns)
+        path = write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args, epoch)
+        if signum:
+            writer.close()
+            raise SystemExit(stopped_by_signal(signum, f"auxiliary epoch {epoch} of iteration {iteration}", path, args))
+
+    if ckpt and mine.get("aux") is not None:  # stopped inside an auxiliary phase [22]: finish it, then go on
+        iteration, aux_start = ckpt["iteration"], time.time()
+        aux_stats = auxiliary_phase(
+            agent, optimizer, aux_obs, aux_returns, args, progress, checkpoint_inside_aux, mine["aux"]
+        )
+        writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # the resumed part's
+        for key, value in aux_stats.items():
+            writer.add_scalar(f"losses/aux/{key}", value, global_step)
+        console(f"phase {iteration // args.n_iteration}/{args.num_phases}  aux {time.time() - aux_start:.1f}s  "
+                + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items()))  # fmt: skip
+        checkpoint_after(iteration)
+    # ── end checkpoints ──
 
     for iteration in range(start_iteration, args.num_iterations + 1):
         iteration_start, episodes = time.time(), []
@@ -1411,7 +1507,7 @@ def train(args: Args):
         # [22] The auxiliary phase closes each phase of n_iteration policy iterations.
         if iteration % args.n_iteration == 0:
             aux_start = time.time()
-            aux_stats = auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args, progress)  # the status line
+            aux_stats = auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args, progress, checkpoint_inside_aux)
             writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # [32]
             for key, value in aux_stats.items():
                 writer.add_scalar(f"losses/aux/{key}", value, global_step)
@@ -1426,30 +1522,7 @@ def train(args: Args):
         # ── end divergence guard ──
 
         # ── checkpoints [25]: at the interval, and when a signal asked to stop ──
-        signum = int(rank_reduce([stop.signum or 0], args.world_size, mean=False)[0])  # any process's signal stops all
-        # PPG: the interval's checkpoints wait for the phase's end, where the phase buffer (up to 6 GiB) is spent and
-        # left out; only a signal mid-phase writes the phase so far, so as to lose nothing
-        phase_end = iteration % args.n_iteration == 0
-        crossed = (
-            args.checkpoint_interval
-            and iteration // args.checkpoint_interval > (iteration - args.n_iteration) // args.checkpoint_interval
-        )  # a multiple of the interval fell in this phase
-        if (phase_end and crossed) or signum:
-            mine = {
-                "rng": rng_state(device), "envs": env_state(envs),
-                "next_obs": next_obs.cpu(), "next_done": next_done.cpu(),
-                "intrinsic_return": agent.rnd.intrinsic_return.cpu() if args.intrinsic_coef > 0 else None,  # [33]
-                "test_envs": env_state(test_envs) if args.eval_interval > 0 else None,
-                "test_obs": test_obs.cpu() if args.eval_interval > 0 else None,
-                # [23] inside a phase, the part of the phase buffer filled so far; empty at a phase boundary
-                "aux_obs": aux_obs[:, : iteration % args.n_iteration * envs.num_envs].cpu(),
-                "aux_returns": aux_returns[:, : iteration % args.n_iteration * envs.num_envs].cpu(),
-            }  # fmt: skip
-            recent = (recent_returns, recent_test_returns)
-            ckpt_path = write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args)
-        if signum:
-            writer.close()
-            raise SystemExit(stopped_by_signal(signum, iteration, ckpt_path, args))
+        checkpoint_after(iteration)
         # ── end checkpoints ──
 
     # ── torchrun [30]: a last check that every process ended with the same weights ──

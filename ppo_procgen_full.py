@@ -743,19 +743,37 @@ def unplain(value):
     return value
 
 
+class WholeWrites:
+    """An unbuffered file whose every write is whole, or an OSError with the system's reason (a full disk, a quota):
+    `torch.save` would take a short write for a broken archive and say only that."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        while view:
+            view = view[self.file.write(view) :]
+        return len(data)
+
+    def flush(self):  # unbuffered: nothing waits
+        pass
+
+
 def save_checkpoint(run_dir, name, state, keep=None):
     """Write to a temporary file, flush it to disk, then rename: a kill at any moment leaves the old files whole. A
     write that fails (a full disk, a quota) removes its temporary file, says why in one line and returns None."""
-    path, buffer = f"{run_dir}/checkpoints/{name}", io.BytesIO()
-    torch.save(plain(state), buffer)  # serialised first: a failed write then reports the file system's reason
-    try:
+    path = f"{run_dir}/checkpoints/{name}"
+    try:  # straight into the file, not through a copy in memory: PPG's phase buffer may be 6 GiB
         os.makedirs(f"{run_dir}/checkpoints", exist_ok=True)
-        with open(path + ".tmp", "wb") as f:
-            f.write(buffer.getbuffer())
-            f.flush()
+        with open(path + ".tmp", "wb", buffering=0) as f:
+            torch.save(plain(state), WholeWrites(f))
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
-    except OSError as exc:
+    except (OSError, RuntimeError) as error:
+        exc = error if isinstance(error, OSError) else error.__context__  # torch's archive error hides the system's
+        if not isinstance(exc, OSError):
+            raise
         with contextlib.suppress(OSError):
             os.remove(path + ".tmp")
         print(f"{SCRIPT}.py: warning: {path} not written: {exc.strerror or exc}; the earlier checkpoints are kept",
@@ -878,13 +896,14 @@ def write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, g
     return path
 
 
-def stopped_by_signal(signum, iteration, ckpt_path, args: Args):
-    """Say where a run stopped by SIGINT or SIGTERM is, and how to resume it; the exit status, 128 + the signal."""
+def stopped_by_signal(signum, where, ckpt_path, args: Args):
+    """Say where (`iteration N`, ...) a run stopped by SIGINT or SIGTERM is, and how to resume it; the exit status,
+    128 + the signal."""
     name = signal.Signals(signum).name
     if args.rank == 0 and ckpt_path is None:
-        console(f"stopped by {name} after iteration {iteration}; no checkpoint was written")
+        console(f"stopped by {name} after {where}; no checkpoint was written")
     elif args.rank == 0:
-        console(f"stopped by {name} after iteration {iteration}, checkpoint {ckpt_path}\n"
+        console(f"stopped by {name} after {where}, checkpoint {ckpt_path}\n"
                 f"resume with: python {SCRIPT}.py --resume {ckpt_path}")  # fmt: skip
     return 128 + signum
 
@@ -1315,7 +1334,7 @@ def train(args: Args):
             ckpt_path = write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args)
         if signum:
             writer.close()
-            raise SystemExit(stopped_by_signal(signum, iteration, ckpt_path, args))
+            raise SystemExit(stopped_by_signal(signum, f"iteration {iteration}", ckpt_path, args))
         # ── end checkpoints ──
 
     # ── torchrun [30]: a last check that every process ended with the same weights ──

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 import tyro
-from conftest import DEVICES, ROOT, file_size_limit, load_script, read_scalars, smoke_args, unwritable
+from conftest import AUX_TAGS, DEVICES, ROOT, file_size_limit, load_script, read_scalars, smoke_args, unwritable
 
 SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
@@ -68,6 +68,45 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
     assert [s for s, _ in b["losses/policy_loss"]] == [128, 256, 384, 512]
 
 
+def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_from_that_epoch(tmp_path, monkeypatch, capsys):
+    """A signal in the second of three auxiliary epochs writes `iter_N.aux002.pt` (the phase buffer, the old logits,
+    the losses so far, the random states); the resumed run skips the epochs done, logs
+    what the uninterrupted run logs, and with --checkpoint-aux-epochs every epoch but the last writes one."""
+    script = load_script("ppg_procgen_full")
+    monkeypatch.chdir(tmp_path)
+    flags = [*smoke_args("ppg_procgen_full"), "--total-timesteps", "512", "--e-auxiliary", "3", "--device", "cpu"]
+    straight = train(script, [*flags, "--exp-name", "straight", "--checkpoint-aux-epochs", "--keep-checkpoints", "9"])
+    names = sorted(p.name for p in (tmp_path / "runs" / straight / "checkpoints").iterdir())
+    assert names == ["iter_00000002.aux001.pt", "iter_00000002.aux002.pt", "iter_00000004.aux001.pt",
+                     "iter_00000004.aux002.pt"]  # fmt: skip
+    capsys.readouterr()
+
+    policy_kl, calls = script.policy_kl, []
+
+    def kl_then_sigterm(*a):  # the 6th auxiliary minibatch: the second epoch of the first phase
+        calls.append(1)
+        if len(calls) == 6:
+            signal.raise_signal(signal.SIGTERM)
+        return policy_kl(*a)
+
+    monkeypatch.setattr(script, "policy_kl", kl_then_sigterm)
+    with pytest.raises(SystemExit) as exc:
+        train(script, [*flags, "--exp-name", "stopped"])
+    assert exc.value.code == 128 + signal.SIGTERM and len(calls) == 8  # the epoch was finished, not the phase
+    assert "after auxiliary epoch 2 of iteration 2, checkpoint" in capsys.readouterr().out
+    (run_dir,) = (tmp_path / "runs").glob("*stopped*")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_00000002.aux002.pt"]
+    calls.clear()
+    monkeypatch.setattr(script, "policy_kl", lambda *a: calls.append(1) or policy_kl(*a))
+    assert train(script, [*flags, "--exp-name", "stopped", "--resume", str(run_dir)]) == run_dir.name
+    assert len(calls) == 4 + 12  # the third epoch of the first phase, then the second phase's three
+
+    a, b = read_scalars(tmp_path / "runs" / straight), read_scalars(run_dir)
+    for tag in [*AUX_TAGS, "losses/policy_loss", "losses/value_loss", "charts/episodic_return"]:
+        assert a[tag] == b[tag], tag  # bitwise, the phase that was stopped included
+    assert [s for s, _ in b["losses/aux/kl_loss"]] == [256, 512]
+
+
 def test_sigterm_writes_a_checkpoint_that_resumes(tmp_path):
     cmd = [
         sys.executable,
@@ -115,6 +154,15 @@ def one_error_line(capsys, exc):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
     return lines[0]
+
+
+@pytest.mark.parametrize("trained", ["ppg_procgen_full"], indirect=True)
+def test_a_ppg_checkpoint_holds_only_the_filled_part_of_the_phase_buffer(trained):
+    """At a phase's end the phase buffer is spent: the checkpoint holds none of it, not a view of its whole storage."""
+    script, flags, run_dir = trained
+    ckpt = torch.load(run_dir / "checkpoints" / "iter_00000002.pt", weights_only=True)
+    for key in ("aux_obs", "aux_returns"):
+        assert ckpt["ranks"][0][key].shape[1] == 0 and ckpt["ranks"][0][key].untyped_storage().nbytes() == 0, key
 
 
 def test_bad_checkpoints_are_refused_and_nothing_is_touched(trained, tmp_path, monkeypatch, capsys):
