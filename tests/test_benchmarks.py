@@ -20,14 +20,35 @@ def test_throughput_quick_writes_a_table_and_a_chart(tmp_path):
     text = (tmp_path / "RESULTS.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| configuration")]
     names = [row.split("|")[1].strip() for row in rows]
-    assert names == [name for name, _, _ in __import__("throughput").CONFIGS]
-    for row in rows:  # steps/s, ratio, env, inference, update: positive numbers
+    assert names == [config[0] for config in __import__("throughput").CONFIGS]
+    for row in rows:  # steps/s, ratio, env, inference, eval, update: positive numbers
         cells = [c.strip() for c in row.split("|")[2:-1]]
         assert float(cells[0]) > 0 and re.fullmatch(r"\d+\.\d\dx", cells[1])
-        assert all(float(c) >= 0 for c in cells[2:5]) and float(cells[-1]) > 0
-    assert "PPG" not in rows[0] and any(row.split("|")[7].strip() for row in rows if "PPG" in row)  # aux epoch timed
+        assert all(float(c) >= 0 for c in cells[2:6]) and float(cells[4]) > 0 and float(cells[-1]) > 0  # eval ran
+    assert "PPG" not in rows[0] and any(row.split("|")[8].strip() for row in rows if "PPG" in row)  # aux epoch timed
     assert re.search(r"Ceiling, procgen alone .*\d steps/s with 1 thread", text)
     assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_host_suite_times_each_script_s_own_rollout_with_a_tiny_network(tmp_path):
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "throughput.py"),
+        "--suite",
+        "host",
+        "--quick",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in (tmp_path / "HOST.md").read_text().splitlines() if line.startswith("| ")]
+    names = [row[0].strip() for row in rows[1:]]
+    host = __import__("throughput").HOST_CONFIGS
+    assert names[-len(host) :] == [config[0] for config in host]
+    assert all(name.startswith("procgen alone") for name in names[: -len(host)])
+    for row in rows[-len(host) :]:  # the scripts: rollout steps/s, then env, inference, eval and update seconds
+        assert float(row[1]) > 0 and all(float(c) >= 0 for c in row[2:]) and float(row[4]) > 0, row
 
 
 def test_quick_mode_never_writes_over_the_committed_results():

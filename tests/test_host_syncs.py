@@ -1,11 +1,14 @@
 """The update loops wait on nothing from the host: no index array copied to the device per minibatch, no tensor read
 back per minibatch. On the CPU, a dispatch mode sees both as the operators a GPU would wait on: `lift_fresh` of an
-integer array (numpy indices turned into a tensor) and `_local_scalar_dense` of a bool (a validity check read back)."""
+integer array (numpy indices turned into a tensor) and `_local_scalar_dense` of a bool (a validity check read back).
+On a GPU, `torch.cuda.set_sync_debug_mode` reports every operation that makes the host wait on the device."""
+
+import warnings
 
 import pytest
 import torch
 import tyro
-from conftest import load_script, smoke_args
+from conftest import DEVICES, load_script, smoke_args
 from torch.utils._python_dispatch import TorchDispatchMode
 
 SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
@@ -28,6 +31,25 @@ class HostTraffic(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class DeviceSyncs:
+    """Counts the operations that make the host wait on the GPU, as `torch.cuda.set_sync_debug_mode` warns of them."""
+
+    def __enter__(self):
+        self.catcher = warnings.catch_warnings(record=True)
+        self.records = self.catcher.__enter__()
+        warnings.simplefilter("always")  # every sync, not the first of each place
+        torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.set_sync_debug_mode("default")
+        self.catcher.__exit__(*exc)
+
+    @property
+    def count(self):
+        return sum("synchronizing CUDA operation" in str(record.message) for record in self.records)
+
+
 def counted(fn, traffic, marks):
     """`fn`, noting the count of host traffic at each call."""
 
@@ -38,20 +60,21 @@ def counted(fn, traffic, marks):
     return wrapper
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_no_host_traffic_between_the_minibatches_of_an_epoch(name, tmp_path, monkeypatch):
+def test_no_host_traffic_between_the_minibatches_of_an_epoch(name, device, tmp_path, monkeypatch):
     """Through `train()` at smoke size: a policy-phase minibatch calls `clipped_policy_loss` once (2 an epoch), an
     auxiliary one `policy_kl` once (4 an epoch); between two calls of one epoch the count must not grow. Adam's step
     counters, read on the host by design (they live there), are floats and not counted."""
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
-    traffic, marks = HostTraffic(), {}
+    traffic, marks = HostTraffic() if device == "cpu" else DeviceSyncs(), {}
     for fn in ("clipped_policy_loss", "policy_kl"):
         if hasattr(script, fn):
             marks[fn] = []
             monkeypatch.setattr(script, fn, counted(getattr(script, fn), traffic, marks[fn]))
     with traffic:
-        script.train(tyro.cli(script.Args, args=[*smoke_args(name), "--device", "cpu"]))
+        script.train(tyro.cli(script.Args, args=[*smoke_args(name), "--device", device]))
     for fn, per_epoch in (("clipped_policy_loss", 2), ("policy_kl", 4)):
         if fn in marks:
             calls = marks[fn]
