@@ -24,6 +24,20 @@ def after(scalars, step):
     return {tag: [(s, v) for s, v in rows if s > step] for tag, rows in scalars.items()}
 
 
+def sigterm_at_call(monkeypatch, script, name, n):
+    """`script.name` raises a real SIGTERM at its n-th call; the list that counts its calls."""
+    fn, calls = getattr(script, name), []
+
+    def wrapper(*args):
+        calls.append(1)
+        if len(calls) == n:
+            signal.raise_signal(signal.SIGTERM)
+        return fn(*args)
+
+    monkeypatch.setattr(script, name, wrapper)
+    return calls
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch, capsys, name, device):
@@ -34,15 +48,8 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
     straight_console = capsys.readouterr().out
 
     # a real SIGTERM during iteration 3 (for PPG, inside the second phase: the checkpoint carries its buffer)
-    compute_gae, calls = script.compute_gae, []
-
-    def gae_then_sigterm(*a):
-        calls.append(1)
-        if len(calls) == 3:
-            signal.raise_signal(signal.SIGTERM)
-        return compute_gae(*a)
-
-    monkeypatch.setattr(script, "compute_gae", gae_then_sigterm)
+    compute_gae = script.compute_gae
+    sigterm_at_call(monkeypatch, script, "compute_gae", 3)
     with pytest.raises(SystemExit) as exc:
         train(script, [*flags, "--exp-name", "stopped"])
     assert exc.value.code == 128 + signal.SIGTERM
@@ -81,15 +88,8 @@ def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_from_that_epoch(tm
                      "iter_00000004.aux002.pt"]  # fmt: skip
     capsys.readouterr()
 
-    policy_kl, calls = script.policy_kl, []
-
-    def kl_then_sigterm(*a):  # the 6th auxiliary minibatch: the second epoch of the first phase
-        calls.append(1)
-        if len(calls) == 6:
-            signal.raise_signal(signal.SIGTERM)
-        return policy_kl(*a)
-
-    monkeypatch.setattr(script, "policy_kl", kl_then_sigterm)
+    policy_kl = script.policy_kl
+    calls = sigterm_at_call(monkeypatch, script, "policy_kl", 6)  # the second epoch of the first phase
     with pytest.raises(SystemExit) as exc:
         train(script, [*flags, "--exp-name", "stopped"])
     assert exc.value.code == 128 + signal.SIGTERM and len(calls) == 8  # the epoch was finished, not the phase
