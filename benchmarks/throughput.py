@@ -162,6 +162,8 @@ def parse(argv=None):
                         "sampling and RND against plain PPO at 16 envs (OPTIONS.md); host: the rollout without "
                         "the network, beside procgen alone (HOST.md)")  # fmt: skip
     parser.add_argument("--device", default="cpu", help="the scripts' --device: cpu, cuda, cuda:N")
+    parser.add_argument("--only", nargs="+", default=None, metavar="TEXT",
+                        help="only the configurations whose names contain one of these texts")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -169,11 +171,14 @@ def main():
     if sys.argv[1:2] == ["--tiny-network"]:  # a child process of `run`
         return run_with_tiny_network(sys.argv[2], sys.argv[3:])
     opts = parse()
-    opts.out = opts.out or default_out(opts.quick)
+    opts.out = (opts.out or default_out(opts.quick)).resolve()
     if opts.suite == "host":
         return host_suite(opts)
     reps = opts.reps or (1 if opts.quick else 2)
     configs = CONFIGS if opts.suite == "speed" else OPTION_CONFIGS
+    configs = [c for c in configs if opts.only is None or any(text in c[0] for text in opts.only)]
+    if not configs:
+        raise SystemExit(f"throughput.py: error: --only {' '.join(opts.only)}: no configuration's name has it")
     sizes = QUICK_SIZES if opts.quick else (OPTION_SIZES if opts.suite == "options" else [])
     ppg_sizes = QUICK_PPG if opts.quick else []
     batch = 4 * 32 if opts.quick else (16 if opts.suite == "options" else 64) * 256
@@ -251,6 +256,12 @@ def write_results(opts, configs, results, done, reps, ceilings, envs, batch):
         + (f" --reps {opts.reps}" if opts.reps else "")
         + (f" --suite {opts.suite}" if opts.suite != "speed" else "")
         + (f" --device {opts.device}" if opts.device != "cpu" else "")
+        + (" --only " + " ".join(f'"{text}"' for text in opts.only) if opts.only else "")
+        + (
+            f" --out {opts.out.relative_to(ROOT)}"
+            if opts.out.is_relative_to(ROOT) and opts.out != default_out(opts.quick)
+            else ""
+        )
     )
     lines = [
         "# Throughput" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else ""),
