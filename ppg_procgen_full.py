@@ -996,7 +996,7 @@ def write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, g
     """The run's state after `iteration` (and `aux_epoch` epochs of its auxiliary phase): the weights and the optimizer,
     and every process's own part (`mine`: its games, random states, ...), gathered and written by rank 0. Its path;
     None where it could not be written (the warning said why, and the next checkpoint tries again) or on the other
-    ranks. Inside an auxiliary phase, `iter_N.auxE.pt` sorts before `iter_N.pt`, and after `iter_N-1.pt`."""
+    ranks. Inside an auxiliary phase, `iter_N.auxEEE.pt` sorts before `iter_N.pt`, and after `iter_N-1.pt`."""
     ranks = gather_objects(mine, args.world_size, everywhere=False)
     if args.rank > 0:
         return None
