@@ -11,7 +11,8 @@
 `report` reads the events back and writes `learning.png` (for each game, the training-level and test-level returns
 against steps: the reference runs' range as a band, ours as lines) and `LEARNING.md` (at each run's last step, ours
 beside the reference runs' values, the fraction of our logged points inside their range, the last tenth's means, and
-the normalised test scores, aggregated over games with rliable's IQM where three or more games ran).
+the normalised test scores, aggregated over games with rliable's IQM where three or more games ran). `compare` sets
+two runs' statistics side by side; `phases` tabulates a PPG run phase by phase, beside a PPO run of the same seed.
 """
 
 import argparse
@@ -295,15 +296,18 @@ COMPARED = (
 )  # fmt: skip (the lean files log no perf/* timers)
 
 
-def compare(opts):
-    """Two runs that differ in one option (same seed, same flags otherwise): their statistics side by side."""
+def scalars(run_dir):
+    """{tag: [(step, value), ...]} of every scalar a run logged (all its event files: a resumed run has several)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    runs = []
-    for run_dir in opts.run_dirs:
-        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-        acc.Reload()
-        runs.append({tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]})
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def compare(opts):
+    """Two runs that differ in one option (same seed, same flags otherwise): their statistics side by side."""
+    runs = [scalars(run_dir) for run_dir in opts.run_dirs]
     a, b = opts.labels
     lines = [f"# {a} against {b}: {opts.title}", "", f"- {a}: `{opts.run_dirs[0].name}`",
              f"- {b}: `{opts.run_dirs[1].name}`", "",
@@ -329,6 +333,44 @@ def compare(opts):
     by_step = [[dict(r[t]) for r in runs] for t in shown]
     for step in sorted(set.intersection(*(set(d) for pair in by_step for d in pair))) if shown else []:
         lines.append(f"| {step:,} | " + " | ".join(f"{d[step]:.4g}" for pair in by_step for d in pair) + " |")
+    opts.out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {opts.out}")
+
+
+def phases(opts):
+    """PPG phase by phase: at each phase's end (where its auxiliary losses are logged), those losses, and for the
+    training and the test levels the mean return of the episodes that ended in the iteration before the auxiliary
+    phase and in the iteration after it, PPG's and PPO's means of their last 100 episodes there, and the reference
+    runs' range."""
+    ppg = scalars(opts.ppg)
+    ppo = scalars(opts.ppo) if opts.ppo else {}
+    game = opts.ppg.name.split("__")[0]
+    reference = read_reference(opts.reference)
+    logged = [step for step, _ in ppg["charts/SPS"]]  # the iterations' ends
+    batch = logged[0]  # the first iteration's end is one batch of steps
+    ppo_last = max((step for step, _ in ppo.get("charts/SPS", [])), default=-1)
+    tag = {"train": "charts/episodic_return", "test": "charts/test_episodic_return"}
+    aux = {key: dict(ppg.get(f"losses/aux/{key}", [])) for key in ("kl_loss", "aux_value_loss", "real_value_loss")}
+
+    def window(episodes, start, end):  # the mean return of the episodes that ended in (start, end]
+        returns = [r for step, r in episodes if start < step <= end]
+        return f"{np.mean(returns):.2f} ({len(returns)})" if returns else "-"
+
+    lines = [f"# PPG phase by phase: {opts.title}", "", f"- PPG: `{opts.ppg.name}`"]
+    lines += [f"- PPO: `{opts.ppo.name}`" if opts.ppo else "- PPO: none given", ""]
+    lines += ["| phase | step | kl_loss | aux_value_loss | real_value_loss | levels | iteration before (episodes) | "
+              "iteration after (episodes) | last 100: PPG | last 100: PPO | reference runs |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for phase, end in enumerate(sorted(aux["kl_loss"]), 1):
+        losses = " | ".join(f"{aux[key][end]:.4f}" for key in aux)
+        for levels in ("train", "test"):
+            ours = ppg.get(tag[levels], [])
+            after = window(ours, end, end + batch) if end + batch <= logged[-1] else "not run"
+            ppo_here = f"{curve(ppo[tag[levels]], [end])[0]:.2f}" if tag[levels] in ppo and end <= ppo_last else "-"
+            ref = [np.interp(end, x, y, left=np.nan, right=np.nan) for x, y in reference.get((game, levels), [])]
+            ref_text = f"{min(ref):.2f} to {max(ref):.2f}" if ref and not np.isnan(ref).any() else "-"
+            lines.append(f"| {phase} | {end:,} | {losses} | {levels} | {window(ours, end - batch, end)} | {after} | "
+                         f"{curve(ours, [end])[0]:.2f} | {ppo_here} | {ref_text} |")  # fmt: skip
     opts.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {opts.out}")
 
@@ -359,6 +401,12 @@ def parse(argv):
     p_compare.add_argument("--labels", nargs=2, default=["A", "B"], help="what each run was")
     p_compare.add_argument("--title", default="same seed", help="what the runs were (machine, steps, flags)")
     p_compare.add_argument("--out", type=Path, default=HERE / "COMPARE.md", help="the markdown file written")
+    p_phases = sub.add_parser("phases", help="a PPG run phase by phase, beside a PPO run and the reference")
+    p_phases.add_argument("ppg", type=Path, help="the PPG run's TensorBoard directory")
+    p_phases.add_argument("--ppo", type=Path, default=None, help="a PPO run of the same game and seed, to set beside")
+    p_phases.add_argument("--title", default="same seed", help="what the runs were (machine, steps, flags)")
+    p_phases.add_argument("--reference", type=Path, default=REFERENCE, help="the reference runs' curves (csv.gz)")
+    p_phases.add_argument("--out", type=Path, default=HERE / "PHASES.md", help="the markdown file written")
     return parser.parse_args(argv), extra
 
 
@@ -372,7 +420,8 @@ def check_script_flags(scripts, extra):
 
 def main():
     opts, extra = parse(sys.argv[1:])
-    {"run": lambda: run(opts, extra), "report": lambda: report(opts), "compare": lambda: compare(opts)}[opts.command]()
+    commands = {"run": run, "report": report, "compare": compare, "phases": phases}
+    commands[opts.command](*((opts, extra) if opts.command == "run" else (opts,)))
 
 
 if __name__ == "__main__":
