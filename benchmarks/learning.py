@@ -338,10 +338,10 @@ def compare(opts):
 
 
 def phases(opts):
-    """PPG phase by phase: at each phase's end (where its auxiliary losses are logged), those losses, and for the
-    training and the test levels the mean return of the episodes that ended in the iteration before the auxiliary
-    phase and in the iteration after it, PPG's and PPO's means of their last 100 episodes there, and the reference
-    runs' range."""
+    """PPG phase by phase: at each phase's end (where its auxiliary losses are logged), those losses; the mean
+    approx_kl of the `--window` policy iterations before the auxiliary phase and of those after it, PPG's and PPO's
+    at the same steps; and for the training and the test levels the mean return of the episodes that ended in those
+    iterations, PPG's and PPO's means of their last 100 episodes there, and the reference runs' range."""
     ppg = scalars(opts.ppg)
     ppo = scalars(opts.ppo) if opts.ppo else {}
     game = opts.ppg.name.split("__")[0]
@@ -351,25 +351,33 @@ def phases(opts):
     ppo_last = max((step for step, _ in ppo.get("charts/SPS", [])), default=-1)
     tag = {"train": "charts/episodic_return", "test": "charts/test_episodic_return"}
     aux = {key: dict(ppg.get(f"losses/aux/{key}", [])) for key in ("kl_loss", "aux_value_loss", "real_value_loss")}
+    span = opts.window * batch  # the steps of `--window` iterations
+    kl = [dict(run.get("losses/approx_kl", [])) for run in (ppg, ppo)]
 
     def window(episodes, start, end):  # the mean return of the episodes that ended in (start, end]
         returns = [r for step, r in episodes if start < step <= end]
         return f"{np.mean(returns):.2f} ({len(returns)})" if returns else "-"
 
+    def mean_kl(end):  # PPG's and PPO's mean approx_kl of the iterations before and after `end`, where all ran
+        pairs = [[np.mean([v for s, v in k.items() if a < s <= b]) if b <= max(k, default=0) else np.nan
+                  for a, b in ((end - span, end), (end, end + span))] for k in kl]  # fmt: skip
+        return [" / ".join("-" if np.isnan(m) else f"{m:.4f}" for m in pair) for pair in pairs]
+
     lines = [f"# PPG phase by phase: {opts.title}", "", f"- PPG: `{opts.ppg.name}`"]
     lines += [f"- PPO: `{opts.ppo.name}`" if opts.ppo else "- PPO: none given", ""]
-    lines += ["| phase | step | kl_loss | aux_value_loss | real_value_loss | levels | iteration before (episodes) | "
-              "iteration after (episodes) | last 100: PPG | last 100: PPO | reference runs |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    its = "iteration" if opts.window == 1 else f"{opts.window} iterations"
+    lines += [f"| phase | step | kl_loss | aux_value_loss | real_value_loss | approx_kl, {its} before / after: PPG | "
+              f"PPO | levels | {its} before (episodes) | {its} after (episodes) | last 100: PPG | last 100: PPO | "
+              "reference runs |", "|---" * 13 + "|"]  # fmt: skip
     for phase, end in enumerate(sorted(aux["kl_loss"]), 1):
-        losses = " | ".join(f"{aux[key][end]:.4f}" for key in aux)
+        losses = " | ".join(f"{aux[key][end]:.4f}" for key in aux) + " | " + " | ".join(mean_kl(end))
         for levels in ("train", "test"):
             ours = ppg.get(tag[levels], [])
-            after = window(ours, end, end + batch) if end + batch <= logged[-1] else "not run"
+            after = window(ours, end, end + span) if end + span <= logged[-1] else "not run"
             ppo_here = f"{curve(ppo[tag[levels]], [end])[0]:.2f}" if tag[levels] in ppo and end <= ppo_last else "-"
             ref = [np.interp(end, x, y, left=np.nan, right=np.nan) for x, y in reference.get((game, levels), [])]
             ref_text = f"{min(ref):.2f} to {max(ref):.2f}" if ref and not np.isnan(ref).any() else "-"
-            lines.append(f"| {phase} | {end:,} | {losses} | {levels} | {window(ours, end - batch, end)} | {after} | "
+            lines.append(f"| {phase} | {end:,} | {losses} | {levels} | {window(ours, end - span, end)} | {after} | "
                          f"{curve(ours, [end])[0]:.2f} | {ppo_here} | {ref_text} |")  # fmt: skip
     opts.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {opts.out}")
@@ -406,6 +414,7 @@ def parse(argv):
     p_phases.add_argument("--ppo", type=Path, default=None, help="a PPO run of the same game and seed, to set beside")
     p_phases.add_argument("--title", default="same seed", help="what the runs were (machine, steps, flags)")
     p_phases.add_argument("--reference", type=Path, default=REFERENCE, help="the reference runs' curves (csv.gz)")
+    p_phases.add_argument("--window", type=int, default=1, help="iterations before and after each auxiliary phase")
     p_phases.add_argument("--out", type=Path, default=HERE / "PHASES.md", help="the markdown file written")
     return parser.parse_args(argv), extra
 

@@ -113,28 +113,32 @@ def write_run(run_dir, series):
 
 
 def test_phases_sets_each_auxiliary_phase_between_the_iterations_around_it(tmp_path):
-    """A PPG run of 6 iterations of 100 steps, phases ending at 300 and 600, beside a PPO run logged to 400."""
+    """A PPG run of 6 iterations of 100 steps, phases ending at 300 and 600, beside a PPO run logged to 400; windows
+    of 2 iterations around each auxiliary phase."""
     aux = {f"losses/aux/{key}": [(300, v), (600, v / 2)] for key, v in (("kl_loss", 0.02), ("aux_value_loss", 0.5),
                                                                           ("real_value_loss", 0.4))}  # fmt: skip
     ppg, ppo = tmp_path / "starpilot__ppg_procgen__2__1", tmp_path / "starpilot__ppo_procgen__2__1"
     write_run(ppg, {"charts/SPS": [(s, 1) for s in range(100, 601, 100)], **aux,
-                    "charts/episodic_return": [(250, 1.0), (300, 3.0), (350, 5.0), (550, 2.0), (600, 4.0)],
+                    "losses/approx_kl": [(s, s / 1000) for s in range(100, 601, 100)],
+                    "charts/episodic_return": [(150, 7.0), (250, 1.0), (300, 3.0), (350, 5.0), (550, 2.0), (600, 4.0)],
                     "charts/test_episodic_return": [(300, 1.0)]})  # fmt: skip
     write_run(ppo, {"charts/SPS": [(s, 1) for s in range(100, 401, 100)],
+                    "losses/approx_kl": [(s, s / 100) for s in range(100, 401, 100)],
                     "charts/episodic_return": [(100, 2.0), (300, 6.0)]})  # fmt: skip
     flat = lambda value: [(0, value), (2000, value)]  # noqa: E731
     write_reference(tmp_path / "ref.csv.gz", {("starpilot", "train"): [flat(0.0), flat(2.0), flat(1.0)]})
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "phases", str(ppg), "--ppo", str(ppo),
-           "--reference", str(tmp_path / "ref.csv.gz"), "--out", str(tmp_path / "PHASES.md")]  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "phases", str(ppg), "--ppo", str(ppo), "--window",
+           "2", "--reference", str(tmp_path / "ref.csv.gz"), "--out", str(tmp_path / "PHASES.md")]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in (tmp_path / "PHASES.md").read_text().splitlines()]
     rows = [r for r in rows if r and r[0].isdigit()]
+    first, second = ["1", "300", "0.0200", "0.5000", "0.4000"], ["2", "600", "0.0100", "0.2500", "0.2000"]
     assert rows == [
-        ["1", "300", "0.0200", "0.5000", "0.4000", "train", "2.00 (2)", "5.00 (1)", "2.00", "4.00", "0.00 to 2.00"],
-        ["1", "300", "0.0200", "0.5000", "0.4000", "test", "1.00 (1)", "-", "1.00", "-", "-"],
-        ["2", "600", "0.0100", "0.2500", "0.2000", "train", "3.00 (2)", "not run", "3.00", "-", "0.00 to 2.00"],
-        ["2", "600", "0.0100", "0.2500", "0.2000", "test", "-", "not run", "1.00", "-", "-"],
+        [*first, "0.2500 / 0.4500", "2.5000 / -", "train", "3.67 (3)", "5.00 (1)", "3.67", "4.00", "0.00 to 2.00"],
+        [*first, "0.2500 / 0.4500", "2.5000 / -", "test", "1.00 (1)", "-", "1.00", "-", "-"],
+        [*second, "0.5500 / -", "- / -", "train", "3.00 (2)", "not run", "3.67", "-", "0.00 to 2.00"],
+        [*second, "0.5500 / -", "- / -", "test", "-", "not run", "1.00", "-", "-"],
     ]
 
 
