@@ -339,9 +339,9 @@ def compare(opts):
 
 def phases(opts):
     """PPG phase by phase: at each phase's end (where its auxiliary losses are logged), those losses; the mean
-    approx_kl of the `--window` policy iterations before the auxiliary phase and of those after it, PPG's and PPO's
-    at the same steps; and for the training and the test levels the mean return of the episodes that ended in those
-    iterations, PPG's and PPO's means of their last 100 episodes there, and the reference runs' range."""
+    approx_kl of the `--window` policy iterations before the auxiliary phase and of those after it; for the training
+    and the test levels the mean return of the episodes that ended in those iterations, the means of the last 100
+    episodes at the phase's end, and the reference runs' range. PPO's figures are at the same steps."""
     ppg = scalars(opts.ppg)
     ppo = scalars(opts.ppo) if opts.ppo else {}
     game = opts.ppg.name.split("__")[0]
@@ -358,6 +358,11 @@ def phases(opts):
         returns = [r for step, r in episodes if start < step <= end]
         return f"{np.mean(returns):.2f} ({len(returns)})" if returns else "-"
 
+    def windows(levels, start, end):  # PPG's and PPO's `window`s, where the run went that far
+        cells = ["-" if tag[levels] not in run else window(run[tag[levels]], start, end) if end <= last else "not run"
+                 for run, last in ((ppg, logged[-1]), (ppo, ppo_last))]  # fmt: skip
+        return " / ".join(cells)
+
     def mean_kl(end):  # PPG's and PPO's mean approx_kl of the iterations before and after `end`, where all ran
         pairs = [[np.mean([v for s, v in k.items() if a < s <= b]) if b <= max(k, default=0) else np.nan
                   for a, b in ((end - span, end), (end, end + span))] for k in kl]  # fmt: skip
@@ -367,17 +372,17 @@ def phases(opts):
     lines += [f"- PPO: `{opts.ppo.name}`" if opts.ppo else "- PPO: none given", ""]
     its = "iteration" if opts.window == 1 else f"{opts.window} iterations"
     lines += [f"| phase | step | kl_loss | aux_value_loss | real_value_loss | approx_kl, {its} before / after: PPG | "
-              f"PPO | levels | {its} before (episodes) | {its} after (episodes) | last 100: PPG | last 100: PPO | "
+              f"PPO | levels | {its} before: PPG / PPO (episodes) | {its} after: PPG / PPO | last 100: PPG | PPO | "
               "reference runs |", "|---" * 13 + "|"]  # fmt: skip
     for phase, end in enumerate(sorted(aux["kl_loss"]), 1):
         losses = " | ".join(f"{aux[key][end]:.4f}" for key in aux) + " | " + " | ".join(mean_kl(end))
         for levels in ("train", "test"):
             ours = ppg.get(tag[levels], [])
-            after = window(ours, end, end + span) if end + span <= logged[-1] else "not run"
             ppo_here = f"{curve(ppo[tag[levels]], [end])[0]:.2f}" if tag[levels] in ppo and end <= ppo_last else "-"
             ref = [np.interp(end, x, y, left=np.nan, right=np.nan) for x, y in reference.get((game, levels), [])]
             ref_text = f"{min(ref):.2f} to {max(ref):.2f}" if ref and not np.isnan(ref).any() else "-"
-            lines.append(f"| {phase} | {end:,} | {losses} | {levels} | {window(ours, end - span, end)} | {after} | "
+            lines.append(f"| {phase} | {end:,} | {losses} | {levels} | {windows(levels, end - span, end)} | "
+                         f"{windows(levels, end, end + span)} | "
                          f"{curve(ours, [end])[0]:.2f} | {ppo_here} | {ref_text} |")  # fmt: skip
     opts.out.write_text("\n".join(lines) + "\n")
     print(f"wrote {opts.out}")
