@@ -213,6 +213,9 @@ class Args:
     """run the network in bfloat16 autocast (losses, ratios and the optimizer stay in fp32)"""
     tune_malloc: bool = True
     """keep glibc's freed memory for reuse instead of unmapping it (about 1.7x faster updates on CPU)"""
+    aux_optimizer: Literal["shared", "separate"] = "shared"
+    """the auxiliary phase's Adam: `shared` with the policy phase (CleanRL's PPG, ours), or `separate`, one of its
+    own, kept from phase to phase (OpenAI's PPG code)"""
     # Distributed (under torchrun)
     backend: str | None = None
     """the torch.distributed backend under torchrun: gloo on CPU, nccl on CUDA when None"""
@@ -971,14 +974,18 @@ def load_weights(agent, path, flag):
     return path
 
 
-def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args: Args):
-    """Continue exactly where `ckpt` stopped: the weights, the optimizer, this process's games with their wrappers'
-    statistics, its random states, and the console's averages. This process's part of the checkpoint, whose next
-    observations (and PPG's phase so far) the caller takes back."""
+def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args: Args, aux_optimizer=None):
+    """Continue exactly where `ckpt` stopped: the weights, the optimizers (a separate auxiliary one starts afresh if
+    the checkpoint has none), this process's games with their wrappers' statistics, its random states, and the
+    console's averages. This process's part of the checkpoint, whose next observations (and PPG's phase so far) the
+    caller takes back."""
     agent.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
-    for group in optimizer.param_groups:  # Adam's saved settings give way to the flags (the checkpoint's, or given)
-        group["lr"], group["eps"] = args.learning_rate, args.adam_eps
+    if aux_optimizer is not None and aux_optimizer is not optimizer and ckpt.get("aux_optimizer") is not None:
+        aux_optimizer.load_state_dict(ckpt["aux_optimizer"])
+    for opt in (optimizer, aux_optimizer or optimizer):
+        for group in opt.param_groups:  # Adam's saved settings give way to the flags (the checkpoint's, or given)
+            group["lr"], group["eps"] = args.learning_rate, args.adam_eps
     mine = ckpt["ranks"][args.rank]  # what belongs to this process: its envs and random states
     set_env_state(envs, mine["envs"])
     if mine.get("intrinsic_return") is not None:  # [33] this process's envs' running returns, not rank 0's
@@ -992,17 +999,19 @@ def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args: A
     return mine
 
 
-def write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args: Args, aux_epoch=0):
-    """The run's state after `iteration` (and `aux_epoch` epochs of its auxiliary phase): the weights and the optimizer,
-    and every process's own part (`mine`: its games, random states, ...), gathered and written by rank 0. Its path;
-    None where it could not be written (the warning said why, and the next checkpoint tries again) or on the other
-    ranks. Inside an auxiliary phase, `iter_N.auxEEE.pt` sorts before `iter_N.pt`, and after `iter_N-1.pt`."""
+def write_checkpoint(run_name, iteration, global_step, agent, optimizers, mine, given, recent, args: Args, aux_epoch=0):
+    """The run's state after `iteration` (and `aux_epoch` epochs of its auxiliary phase): the weights, the optimizers
+    (the policy phase's, and the auxiliary phase's where it has its own) and every process's own part (`mine`: its
+    games, random states, ...), gathered and written by rank 0. Its path; None where it could not be written (the
+    warning said why, and the next checkpoint tries again) or on the other ranks. Inside an auxiliary phase,
+    `iter_N.auxEEE.pt` sorts before `iter_N.pt`, and after `iter_N-1.pt`."""
     ranks = gather_objects(mine, args.world_size, everywhere=False)
     if args.rank > 0:
         return None
     state = {
         "script": SCRIPT, "args": given, "run_name": run_name, "iteration": iteration, "global_step": global_step,
-        "model": agent.state_dict(), "optimizer": optimizer.state_dict(), "ranks": ranks,
+        "model": agent.state_dict(), "optimizer": optimizers[0].state_dict(), "ranks": ranks,
+        "aux_optimizer": optimizers[1].state_dict() if optimizers[1] is not optimizers[0] else None,
         "recent_returns": list(recent[0]), "recent_test_returns": list(recent[1]), "aux_epoch": aux_epoch,
     }  # fmt: skip
     name = f"iter_{iteration:08d}.aux{aux_epoch:03d}.pt" if aux_epoch else f"iter_{iteration:08d}.pt"
@@ -1235,6 +1244,11 @@ def train(args: Args):
     # ── end torchrun ──
     # [13] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    # ── separate auxiliary optimizer: the auxiliary phase's own Adam, so each phase's steps scale by its own moments ──
+    aux_optimizer = optimizer
+    if args.aux_optimizer == "separate":
+        aux_optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    # ── end separate auxiliary optimizer ──
 
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
     obs = torch.zeros((args.num_steps, *envs.observation_space.shape), dtype=torch.uint8, device=device)
@@ -1257,7 +1271,7 @@ def train(args: Args):
     start_iteration = 1
     if ckpt:
         recent, tests = (recent_returns, recent_test_returns), test_envs if args.eval_interval > 0 else None
-        mine = restore_run(ckpt, agent, optimizer, envs, tests, recent, device, args)
+        mine = restore_run(ckpt, agent, optimizer, envs, tests, recent, device, args, aux_optimizer)
         next_obs, next_done = mine["next_obs"].to(device), mine["next_done"].to(device)
         if tests is not None and mine["test_obs"] is not None:
             test_obs = mine["test_obs"].to(device)
@@ -1303,7 +1317,8 @@ def train(args: Args):
         crossed = interval and iteration // interval > (iteration - args.n_iteration) // interval  # in this phase
         if (phase_end and crossed) or signum:
             mine, recent = my_part(iteration % args.n_iteration * envs.num_envs), (recent_returns, recent_test_returns)
-            path = write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args)
+            path = write_checkpoint(run_name, iteration, global_step, agent, (optimizer, aux_optimizer), mine, given,
+                                    recent, args)  # fmt: skip
         if signum:
             writer.close()
             raise SystemExit(stopped_by_signal(signum, f"iteration {iteration}", path, args))
@@ -1316,7 +1331,8 @@ def train(args: Args):
             return
         mine = {**my_part(aux_obs.shape[1]), "aux": {**aux_state(), "epoch": epoch}}
         recent = (recent_returns, recent_test_returns)
-        path = write_checkpoint(run_name, iteration, global_step, agent, optimizer, mine, given, recent, args, epoch)
+        optimizers = (optimizer, aux_optimizer)
+        path = write_checkpoint(run_name, iteration, global_step, agent, optimizers, mine, given, recent, args, epoch)
         if signum:
             writer.close()
             raise SystemExit(stopped_by_signal(signum, f"auxiliary epoch {epoch} of iteration {iteration}", path, args))
@@ -1324,7 +1340,7 @@ def train(args: Args):
     if ckpt and mine.get("aux") is not None:  # stopped inside an auxiliary phase [22]: finish it, then go on
         iteration, aux_start = ckpt["iteration"], time.time()
         aux_stats = auxiliary_phase(
-            agent, optimizer, aux_obs, aux_returns, args, progress, checkpoint_inside_aux, mine["aux"]
+            agent, aux_optimizer, aux_obs, aux_returns, args, progress, checkpoint_inside_aux, mine["aux"]
         )
         writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # the resumed part's
         for key, value in aux_stats.items():
@@ -1343,6 +1359,9 @@ def train(args: Args):
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
             optimizer.param_groups[0]["lr"] = lrnow
+            # ── separate auxiliary optimizer: annealed alike ──
+            aux_optimizer.param_groups[0]["lr"] = lrnow
+            # ── end separate auxiliary optimizer ──
 
         env_time = inference_time = 0.0  # [32] perf timers: where the time goes, logged as perf/*
         for step in range(0, args.num_steps):
@@ -1507,7 +1526,9 @@ def train(args: Args):
         # [22] The auxiliary phase closes each phase of n_iteration policy iterations.
         if iteration % args.n_iteration == 0:
             aux_start = time.time()
-            aux_stats = auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args, progress, checkpoint_inside_aux)
+            aux_stats = auxiliary_phase(
+                agent, aux_optimizer, aux_obs, aux_returns, args, progress, checkpoint_inside_aux
+            )
             writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # [32]
             for key, value in aux_stats.items():
                 writer.add_scalar(f"losses/aux/{key}", value, global_step)

@@ -38,12 +38,16 @@ def sigterm_at_call(monkeypatch, script, name, n):
     return calls
 
 
+SEPARATE = ["--aux-optimizer", "separate"]  # PPG's auxiliary phase with an Adam of its own
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch, capsys, name, device):
+@pytest.mark.parametrize("name,extra", [(s, []) for s in SCRIPTS] + [("ppg_procgen_full", SEPARATE)],
+                         ids=[*SCRIPTS, "ppg_procgen_full-separate"])  # fmt: skip
+def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch, capsys, name, extra, device):
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
-    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", device]  # 4 iterations; PPG: 2 phases
+    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", device, *extra]  # 4 iterations; PPG: 2 phases
     straight = train(script, [*flags, "--exp-name", "straight"])
     straight_console = capsys.readouterr().out
 
@@ -55,6 +59,13 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
     assert exc.value.code == 128 + signal.SIGTERM
     (run_dir,) = (tmp_path / "runs").glob("*stopped*")
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_00000003.pt"]
+    if "ppg" in name:  # 3 iterations x 2 policy minibatches and 2 auxiliary epochs x 4 minibatches: in one Adam or two
+        ckpt = torch.load(run_dir / "checkpoints" / "iter_00000003.pt", weights_only=False)
+        steps = [{int(s["step"]) for s in (opt or {"state": {}})["state"].values()} for opt in
+                 (ckpt["optimizer"], ckpt["aux_optimizer"])]  # fmt: skip
+        assert steps == ([{6}, {8}] if extra else [{14, 8}, set()])  # shared: the auxiliary head's 8 steps, no more
+        if extra:  # the auxiliary value head learns in the auxiliary phase only: the policy phase's Adam never saw it
+            assert len(ckpt["aux_optimizer"]["state"]) == len(ckpt["optimizer"]["state"]) + 2
     monkeypatch.setattr(script, "compute_gae", compute_gae)
     assert train(script, [*flags, "--exp-name", "stopped", "--resume", str(run_dir)]) == run_dir.name
     # the console's means of the recent returns go on from the checkpoint, as in the uninterrupted run
@@ -75,13 +86,15 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
     assert [s for s, _ in b["losses/policy_loss"]] == [128, 256, 384, 512]
 
 
-def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_from_that_epoch(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("extra", [[], SEPARATE], ids=["shared", "separate"])
+def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_from_that_epoch(tmp_path, monkeypatch, capsys, extra):
     """A signal in the second of three auxiliary epochs writes `iter_N.aux002.pt` (the phase buffer, the old logits,
-    the losses so far, the random states); the resumed run skips the epochs done, logs
+    the losses so far, the random states, a separate auxiliary Adam); the resumed run skips the epochs done, logs
     what the uninterrupted run logs, and with --checkpoint-aux-epochs every epoch but the last writes one."""
     script = load_script("ppg_procgen_full")
     monkeypatch.chdir(tmp_path)
-    flags = [*smoke_args("ppg_procgen_full"), "--total-timesteps", "512", "--e-auxiliary", "3", "--device", "cpu"]
+    flags = [*smoke_args("ppg_procgen_full"), "--total-timesteps", "512", "--e-auxiliary", "3", "--device", "cpu",
+             *extra]  # fmt: skip
     straight = train(script, [*flags, "--exp-name", "straight", "--checkpoint-aux-epochs", "--keep-checkpoints", "9"])
     names = sorted(p.name for p in (tmp_path / "runs" / straight / "checkpoints").iterdir())
     assert names == ["iter_00000002.aux001.pt", "iter_00000002.aux002.pt", "iter_00000004.aux001.pt",

@@ -119,3 +119,25 @@ def test_an_epoch_without_the_policy_loss_leaves_the_policy_bitwise_unchanged(tm
         assert any(n.startswith("critic.") for n in changed), (i, changed)  # the value head learns in every step
         assert bool(policy_only) == (i % 4 < 2), (i, sorted(policy_only))
         assert not any(n.startswith("aux_critic.") for n in changed)  # the auxiliary phase alone trains it
+
+
+def test_a_separate_auxiliary_optimizer_takes_the_auxiliary_steps_and_anneals_alike(tmp_path, monkeypatch):
+    """`--aux-optimizer separate` (full file): the auxiliary phase steps an Adam of its own, the same one in every
+    phase, and `--anneal-lr` lowers its learning rate with the policy phase's."""
+    full = load_script("ppg_procgen_full")
+    monkeypatch.chdir(tmp_path)
+    seen, adam_step = [], torch.optim.Adam.step
+
+    def recording_step(self, *args, **kwargs):  # which Adam stepped, at which learning rate
+        seen.append((id(self), self.param_groups[0]["lr"]))
+        return adam_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
+    flags = [*smoke_args("ppg_procgen_full"), "--total-timesteps", "512", "--anneal-lr", "--eval-interval", "0",
+             "--device", "cpu", "--aux-optimizer", "separate"]  # fmt: skip
+    full.train(tyro.cli(full.Args, args=flags))
+    # each phase: 2 iterations x 2 policy minibatches, then 2 auxiliary epochs x 4 minibatches
+    policy, aux = seen[0][0], seen[4][0]
+    assert policy != aux and [adam for adam, _ in seen] == ([policy] * 4 + [aux] * 8) * 2
+    lrs = [5e-4] * 2 + [3.75e-4] * 2 + [3.75e-4] * 8 + [2.5e-4] * 2 + [1.25e-4] * 2 + [1.25e-4] * 8
+    assert [lr for _, lr in seen] == pytest.approx(lrs)
