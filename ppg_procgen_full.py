@@ -1248,6 +1248,7 @@ def train(args: Args):
     aux_optimizer = optimizer
     if args.aux_optimizer == "separate":
         aux_optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    optimizers = (optimizer, aux_optimizer)  # what a checkpoint saves
     # ── end separate auxiliary optimizer ──
 
     # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
@@ -1317,8 +1318,7 @@ def train(args: Args):
         crossed = interval and iteration // interval > (iteration - args.n_iteration) // interval  # in this phase
         if (phase_end and crossed) or signum:
             mine, recent = my_part(iteration % args.n_iteration * envs.num_envs), (recent_returns, recent_test_returns)
-            path = write_checkpoint(run_name, iteration, global_step, agent, (optimizer, aux_optimizer), mine, given,
-                                    recent, args)  # fmt: skip
+            path = write_checkpoint(run_name, iteration, global_step, agent, optimizers, mine, given, recent, args)
         if signum:
             writer.close()
             raise SystemExit(stopped_by_signal(signum, f"iteration {iteration}", path, args))
@@ -1331,7 +1331,6 @@ def train(args: Args):
             return
         mine = {**my_part(aux_obs.shape[1]), "aux": {**aux_state(), "epoch": epoch}}
         recent = (recent_returns, recent_test_returns)
-        optimizers = (optimizer, aux_optimizer)
         path = write_checkpoint(run_name, iteration, global_step, agent, optimizers, mine, given, recent, args, epoch)
         if signum:
             writer.close()
