@@ -31,6 +31,40 @@ LOSS_TAGS = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losse
              "losses/approx_kl", "losses/clipfrac"]  # fmt: skip
 
 
+class MonkeyPatch:
+    """pytest's `monkeypatch`, each change undone on its own: an undo that fails still lets every other change be
+    undone, then the test errors. pytest's own undo stops at the first failure and leaves the earlier patches in
+    place for the rest of the session (pytest 9.2 deletes, and cannot, an attribute that a module serves through
+    `__getattr__`, such as torch.backends.cuda.matmul.allow_tf32); later tests would then run on those patches."""
+
+    def __init__(self):
+        self.changes = []
+
+    def __getattr__(self, name):  # setattr, delattr, setitem, delitem, setenv, delenv, syspath_prepend, chdir
+        def change(*args, **kwargs):
+            self.changes.append(pytest.MonkeyPatch())
+            return getattr(self.changes[-1], name)(*args, **kwargs)
+
+        return change
+
+    def undo(self):
+        failures = []
+        while self.changes:  # the newest first, as pytest does
+            try:
+                self.changes.pop().undo()
+            except Exception as exc:  # every change is undone before the first failure is raised
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+
+@pytest.fixture
+def monkeypatch():
+    patches = MonkeyPatch()
+    yield patches
+    patches.undo()
+
+
 def nvidia_gpus():
     """The GPUs that the NVIDIA driver lists (`nvidia-smi -L`), whatever torch makes of them."""
     smi = shutil.which("nvidia-smi")

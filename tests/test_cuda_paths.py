@@ -2,9 +2,12 @@
 NCCL wrong, the random state a checkpoint keeps, and what bf16 autocast covers. torch's CUDA queries are stood in for
 where a GPU would answer them."""
 
+import contextlib
+import types
+
 import pytest
 import torch
-from conftest import load_script, parse, read_scalars, smoke_args
+from conftest import MonkeyPatch, load_script, parse, read_scalars, smoke_args
 from scripted_env import Recorder
 
 FULL = ["ppo_procgen_full", "ppg_procgen_full"]
@@ -135,20 +138,62 @@ def test_buffers_are_made_on_the_device_and_the_gpu_policy_is_set(name, tmp_path
     monkeypatch.chdir(tmp_path)
     Recorder(script, monkeypatch)
     monkeypatch.setattr(torch, "zeros", recording_zeros)
-    for flag in ("deterministic", "benchmark", "allow_tf32"):  # put back as they were, after the test
-        monkeypatch.setattr(torch.backends.cudnn, flag, getattr(torch.backends.cudnn, flag))
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
-    for deterministic in (True, False):
-        made.clear()
-        flag = "--torch-deterministic" if deterministic else "--no-torch-deterministic"
-        small = ["--feature-dim", "16", *(["--e-auxiliary", "1"] if "ppg" in name else ["--total-timesteps", "128"])]
-        script.train(parse(script, [*smoke_args(name), *small, "--device", "cpu", "--eval-interval", "0", flag]))
-        buffers = [device for shape, device in made if len(shape) >= 2 and shape[0] == 32]  # (num_steps, ...)
-        assert len(buffers) >= 6 and all(device == torch.device("cpu") for device in buffers), made
-        assert torch.backends.cudnn.deterministic is deterministic
-        assert torch.backends.cudnn.benchmark is not deterministic
-        assert torch.backends.cudnn.allow_tf32 is not deterministic
-        assert torch.backends.cuda.matmul.allow_tf32 is not deterministic
+    with gpu_policy_kept():
+        for deterministic in (True, False):
+            made.clear()
+            flag = "--torch-deterministic" if deterministic else "--no-torch-deterministic"
+            small = [
+                "--feature-dim",
+                "16",
+                *(["--e-auxiliary", "1"] if "ppg" in name else ["--total-timesteps", "128"]),
+            ]
+            script.train(parse(script, [*smoke_args(name), *small, "--device", "cpu", "--eval-interval", "0", flag]))
+            buffers = [device for shape, device in made if len(shape) >= 2 and shape[0] == 32]  # (num_steps, ...)
+            assert len(buffers) >= 6 and all(device == torch.device("cpu") for device in buffers), made
+            assert torch.backends.cudnn.deterministic is deterministic
+            assert torch.backends.cudnn.benchmark is not deterministic
+            assert torch.backends.cudnn.allow_tf32 is not deterministic
+            assert torch.backends.cuda.matmul.allow_tf32 is not deterministic
+
+
+@contextlib.contextmanager
+def gpu_policy_kept():
+    """cuDNN's and TF32's flags put back as they were, by hand: monkeypatch cannot undo matmul's `allow_tf32`, which
+    the module serves through `__getattr__` (pytest 9.2 deletes such an attribute on undo, and that fails)."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = [(cudnn, flag, getattr(cudnn, flag)) for flag in ("deterministic", "benchmark", "allow_tf32")]
+    saved.append((matmul, "allow_tf32", matmul.allow_tf32))
+    try:
+        yield
+    finally:
+        for module, flag, value in saved:
+            setattr(module, flag, value)
+
+
+class Fragile:
+    """An attribute that can be patched once and then neither put back nor deleted, whatever pytest's undo tries."""
+
+    value = 1
+
+    def __setattr__(self, name, value):
+        if name in vars(self):
+            raise AttributeError(f"{name} cannot be put back")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
+        raise AttributeError(f"{name} cannot be deleted")
+
+
+def test_a_failing_undo_leaves_no_other_patch_behind():
+    """The tests' `monkeypatch` (conftest) undoes every other change when one undo fails, then raises; pytest's own
+    stops at the failure, and what it patched before stays patched for the rest of the session."""
+    for patches, kept in ((MonkeyPatch(), 1), (pytest.MonkeyPatch(), 2)):
+        namespace = types.SimpleNamespace(x=1)
+        patches.setattr(namespace, "x", 2)
+        patches.setattr(Fragile(), "value", 2)
+        with pytest.raises(AttributeError, match="cannot be"):
+            patches.undo()
+        assert namespace.x == kept
 
 
 @pytest.mark.parametrize("name", FULL)
