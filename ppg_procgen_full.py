@@ -705,6 +705,10 @@ class ToDevice:
 def init_process_group(backend):
     """Join the process group. Under torchrun the agent's store outlives a restart, keys and all: each round
     rendezvouses under its own prefix, so a restarted process never dials the address of a dead one."""
+    # torch._dynamo first (Adam imports it): imported after the group is made, it holds references to it, which keep
+    # gloo's threads alive past destroy_process_group; one of them may then abort the process as Python exits
+    import torch._dynamo  # noqa: F401
+
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return dist.init_process_group(backend)
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
@@ -1072,7 +1076,7 @@ def cli_defaults(argv):
         for i, arg in enumerate(argv):
             path = argv[i + 1] if arg == flag and i + 1 < len(argv) else None
             path = arg.split("=", 1)[1] if arg.startswith(flag + "=") else path
-            if path is not None:
+            if path is not None and path.strip():  # a blank path: its rule says so, in check_args
                 ckpt = load_checkpoint(path, flag[2:])[1]
                 if isinstance(ckpt, dict) and ckpt.get("script") == SCRIPT and "args" in ckpt:
                     start_only = ("resume", "eval_only", "init_model")  # how that run began, not how it goes on

@@ -1,8 +1,9 @@
-"""Mutation check: one-line mistakes in the lean scripts, each applied alone to a copy of the repository, must each make
-the fast tests fail. Not part of the suite (it runs the tests once per mistake); run it after changing the scripts or
-the tests:
+"""Mutation check: one-line mistakes in the scripts, each applied alone to a copy of the repository, must each make the
+tests of that script fail: the lean files' mistakes against the fast tests of the loop and the math, the full files'
+against the tests of their features. Not part of the suite (it runs the tests once per mistake); run it after changing
+the scripts or the tests:
 
-    python tests/mutate.py              # every mistake against the fast tests
+    python tests/mutate.py              # every mistake against its tests
     python tests/mutate.py -k kl        # the mistakes whose description contains "kl"
     python tests/mutate.py --tests tests/test_math.py tests/test_ppg.py tests/test_env.py tests/test_smoke.py
                                         # against other tests: here, the suite as it was before test_loop.py
@@ -20,11 +21,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST_TESTS = ["tests/test_math.py", "tests/test_ppg.py", "tests/test_loop.py"]
+FEATURE_TESTS = ["tests/test_features.py", "tests/test_fuzz.py", "tests/test_host_syncs.py"]
 # the tests of one lean script: those of the other scripts and of the full files' options are left out
 OPTIONS = "not full and not vtrace and not prio and not rnd and not bf16 and not python_313"
-ONLY = {"ppo_procgen.py": f"not ppg and {OPTIONS}", "ppg_procgen.py": f"not ppo_procgen and not ppo- and {OPTIONS}"}
+PPO, PPG, PPO_FULL, PPG_FULL = "ppo_procgen.py", "ppg_procgen.py", "ppo_procgen_full.py", "ppg_procgen_full.py"
+TESTS = {  # each file's tests: the test files, and pytest's -k for the cases of that file alone
+    PPO: (FAST_TESTS, f"not ppg and {OPTIONS}"),
+    PPG: (FAST_TESTS, f"not ppo_procgen and not ppo- and {OPTIONS}"),
+    PPO_FULL: (FEATURE_TESTS, "ppo_procgen_full"),
+    PPG_FULL: (FEATURE_TESTS, "ppg_procgen_full"),
+}
 
-PPO, PPG = "ppo_procgen.py", "ppg_procgen.py"
 # (file, the line's text as it is, the mistake, what it breaks); the text must occur once in the file
 MUTANTS = [
     (PPO, "loss = pg_loss - args.ent_coef * entropy_loss", "loss = pg_loss + args.ent_coef * entropy_loss",
@@ -72,11 +79,35 @@ MUTANTS = [
     (PPG, "1_000_003, 0, 0, args, video_dir)", "1_000_003, args.num_levels, args.start_level, args, video_dir)",
      "PPG: test envs on the training levels"),
     (PPG, "loss = loss + v_loss * args.vf_coef", "loss = loss + v_loss * 0", "PPG: value loss weighted by zero"),
+    *[(full, old, new, f"{full[:3].upper()} full: {what}") for full in (PPO_FULL, PPG_FULL) for old, new, what in [
+        ("args.gae_lambda, ratio, *clips)", "args.gae_lambda)", "V-trace's recompute without the ratios (plain GAE)"),
+        ("advantages.abs().sum(0).cpu().numpy()", "torch.ones_like(advantages).sum(0).cpu().numpy()",
+         "prioritised sampling with uniform priorities"),
+        ("args.clip_coef), mb_weights", "args.clip_coef), None", "importance weights dropped from the policy loss"),
+        ("v_loss = weighted_mean(v_loss, mb_weights)", "v_loss = weighted_mean(v_loss, None)",
+         "importance weights dropped from the value loss"),
+        ("loss = loss + rnd_loss", "loss = loss + 0 * rnd_loss", "RND's predictor loss weighted by zero"),
+        ("rewards.mul_(0.0 if args.pretraining else 1.0)", "rewards.mul_(1.0)",
+         "pretraining keeps the game's reward"),
+        ("dtype=torch.bfloat16):", "dtype=torch.bfloat16, enabled=False):", "bf16 autocast switched off"),
+        ("if args.eval_train_levels else (0, 0)", "if False else (0, 0)",
+         "--eval-only --eval-train-levels on the test levels"),
+        ("env_seed = args.seed + 7919 * args.rank", "env_seed = args.seed",
+         "torchrun: every process on the same levels"),
+        ("episodes = [e for rank_episodes in gather_objects(episodes, args.world_size) for e in rank_episodes]",
+         "episodes = list(episodes)", "torchrun: only rank 0's episodes logged"),
+        ("lambda v, a: 0 <= v <= 256", "lambda v, a: True", "--env-threads' rule allows everything"),
+        ("approx_kl = ((ratio - 1) - logratio).mean()",
+         "approx_kl = torch.tensor(((ratio - 1) - logratio).mean().item())",
+         "approx_kl read back by the host every minibatch"),
+    ]],
 ]  # fmt: skip
 
 
-def run_tests(copy, only, tests):
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests, "-k", only]
+def run_tests(copy, file, tests=None):
+    """The tests of `file` on the copy: its own test files, or `tests` where given."""
+    default, only = TESTS[file]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *(tests or default), "-k", only]
     return subprocess.run(cmd, cwd=copy, capture_output=True, text=True)
 
 
@@ -89,15 +120,15 @@ def fresh_copy(into):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-k", default="", help="only the mistakes whose description contains this text")
-    parser.add_argument("--tests", nargs="+", default=FAST_TESTS, help="the test files to run on each copy")
+    parser.add_argument("--tests", nargs="+", help="the test files to run on each copy (default: each file's own)")
     opts = parser.parse_args()
     chosen = [m for m in MUTANTS if opts.k.lower() in m[3].lower()]
     started, survived = time.time(), []
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp)
         fresh_copy(copy)
-        for file, only in ONLY.items():  # the unchanged copy passes, or no mistake could be told from it
-            proc = run_tests(copy, only, opts.tests)
+        for file in sorted({m[0] for m in chosen}):  # the unchanged copy passes, or no mistake could be told from it
+            proc = run_tests(copy, file, opts.tests)
             if proc.returncode != 0:
                 sys.exit(f"the unchanged {file} fails its fast tests:\n{proc.stdout[-2000:]}")
         for file, old, new, what in chosen:
@@ -106,12 +137,12 @@ def main():
                 sys.exit(f"{what}: the line `{old.strip()}` is not in {file} exactly once; update the list")
             (copy / file).write_text(source.replace(old, new))
             begun = time.time()
-            proc = run_tests(copy, ONLY[file], opts.tests)
+            proc = run_tests(copy, file, opts.tests)
             (copy / file).write_text(source)
             killed = proc.returncode == 1  # a test failed; 0 is a survivor, anything else an error of the run
             failed = [line.split(" ")[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
             status = "killed" if killed else ("SURVIVED" if proc.returncode == 0 else f"error {proc.returncode}")
-            print(f"{status:8}  {file:14}  {what}  ({time.time() - begun:.0f}s{', by ' + failed[0] if failed else ''})",
+            print(f"{status:8}  {file:19}  {what}  ({time.time() - begun:.0f}s{', by ' + failed[0] if failed else ''})",
                   flush=True)  # fmt: skip
             if not killed:
                 survived.append(what)

@@ -1,0 +1,22 @@
+"""Run by test_features.py under `torchrun --nproc_per_node 2`: a full file's `train()` on scripted games, with the
+flags after SCRIPT_NAME OUT_PATH. Each process writes OUT_PATH.rank{N}.json: its run's name, for each of its vector
+envs (training, then test) the seed it was made with and the episodes its games finished, and the names of the
+threads left once `train()` returned."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from ddp_setup import load
+from scripted_env import Recorder
+
+script, out_path = load()
+recorder = Recorder(script, pytest.MonkeyPatch())
+run_name = script.train(script.parse_args(sys.argv[3:]))
+made = type(recorder.train_env).made
+threads = [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task")]
+result = {"run_name": run_name, "seeds": [env.rand_seed for env in made], "episodes": [len(env.starts) for env in made],
+          "threads": threads}  # fmt: skip
+Path(f"{out_path}.rank{os.environ['RANK']}.json").write_text(json.dumps(result))

@@ -1,0 +1,246 @@
+"""The full files' features through `train()`, on scripted games (`scripted_env.py`): each test pins the key line of a
+feature, so that a one-line mistake there fails it (`tests/mutate.py` lists those mistakes). V-trace's advantages
+against a hand computation with ratios that are not 1, prioritised segments and their importance weights in the loss,
+the RND predictor learning and pretraining without the game's reward, bf16 autocast in the encoders,
+`--eval-only --eval-train-levels` on the training levels, and under torchrun each process's own levels and the
+episodes of all of them in the log."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT, load_script, read_scalars
+from scripted_env import Recorder, ids
+from test_distributed import torchrun
+from test_loop import NUM_ENVS, NUM_STEPS, PPG, SMALL, hand_gae, is_ppg, train
+
+SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
+
+
+def epochs(name, n):
+    """n passes over each batch: PPO's update epochs, PPG's policy (and value) epochs."""
+    return ["--e-policy", str(n)] if is_ppg(name) else ["--update-epochs", str(n)]
+
+
+def by_sample(x, values):
+    """{(env, step): value} for a minibatch's observations `x` and per-sample `values`."""
+    _, env_ids, steps = ids(x)
+    return {(int(i), int(c)): float(v) for i, c, v in zip(env_ids, steps, values, strict=True)}
+
+
+def grid(rollout_steps, per_sample):
+    """A (num_steps, num_envs) tensor of `per_sample` values, laid out as the rollout's steps of each env."""
+    return torch.tensor([[per_sample[(i, int(rollout_steps[t, i]))] for i in range(NUM_ENVS)]
+                         for t in range(NUM_STEPS)], dtype=torch.float64)  # fmt: skip
+
+
+def hand_vtrace(rewards, values, dones, next_value, next_done, gamma, lam, ratio, rho_clip, c_clip):
+    """V-trace written out for one env at a time, as Espeholt et al. define it, with a lambda: delta_t =
+    min(rho_clip, r_t) (reward + gamma V_{t+1} (1 - d_{t+1}) - V_t), and A_t = delta_t + gamma lam min(c_clip, r_t)
+    (1 - d_{t+1}) A_{t+1}."""
+    rewards, values, dones, ratio = (np.asarray(a, dtype=np.float64) for a in (rewards, values, dones, ratio))
+    next_value, next_done = np.asarray(next_value, dtype=np.float64).ravel(), np.asarray(next_done, dtype=np.float64)
+    advantages = np.zeros_like(rewards)
+    for i in range(rewards.shape[1]):
+        running = 0.0
+        for t in reversed(range(rewards.shape[0])):
+            last = t == len(rewards) - 1
+            later_value, later_done = (next_value[i], next_done[i]) if last else (values[t + 1, i], dones[t + 1, i])
+            delta = min(rho_clip, ratio[t, i]) * (rewards[t, i] + gamma * later_value * (1 - later_done) - values[t, i])
+            running = delta + gamma * lam * min(c_clip, ratio[t, i]) * (1 - later_done) * running
+            advantages[t, i] = running
+    return advantages
+
+
+def training_obs(recorder):
+    """The observations the rollouts acted on, (steps of every iteration, num_envs, 64, 64, 3): the training envs'
+    (instance 0), not the test envs'."""
+    return torch.stack([x for kind, x, _ in recorder.calls if kind == "act" and ids(x)[0][0] == 0])
+
+
+def training_steps(recorder, iteration):
+    """The (num_steps, num_envs) steps of the observations that iteration `iteration` (from 0) acted on."""
+    return ids(training_obs(recorder)[iteration * NUM_STEPS : (iteration + 1) * NUM_STEPS])[2]
+
+
+def normalised(x):
+    return (x - x.mean()) / (x.std() + 1e-8)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_vtrace_recomputes_the_advantages_from_the_current_policy_s_ratios(name, tmp_path, monkeypatch):
+    """The second epoch's advantages are V-trace's over the rollout, with the ratios of the policy that the first
+    epoch left, some of them on each side of each clip."""
+    flags = [*epochs(name, 2), "--vtrace", "--vtrace-rho-clip", "1.02", "--vtrace-c-clip", "0.99",
+             "--learning-rate", "0.01", "--total-timesteps", str(NUM_ENVS * NUM_STEPS),
+             *(["--n-iteration", "1"] if is_ppg(name) else [])]  # fmt: skip
+    recorder, _ = train(name, monkeypatch, tmp_path, flags)
+    (gae_in, _), (vtrace_in, vtrace_out) = recorder.of("compute_gae")  # before the first epoch, before the second
+    assert len(gae_in) == 7 and len(vtrace_in) == 10, "the second epoch's recompute was not given the ratios"
+    rewards, values, dones, next_value, next_done, gamma, lam, ratio, rho_clip, c_clip = vtrace_in
+    assert (rho_clip, c_clip) == (1.02, 0.99)
+    # the ratios are the current policy's: the second epoch's first minibatch, on the same weights, has the same
+    logratios = recorder.of("clipped_policy_loss")
+    updates = [x for kind, x, _ in recorder.calls if kind == "update"]
+    first_of_second_epoch = len(logratios) // 2
+    seen = by_sample(updates[-len(logratios) // 2], logratios[first_of_second_epoch][0][0].exp())
+    steps = training_steps(recorder, 0)
+    for (i, c), r in seen.items():
+        t = int((steps[:, i] == c).nonzero())
+        assert r == pytest.approx(float(ratio[t, i]), rel=1e-4)
+    for clip in (rho_clip, c_clip):
+        assert (ratio > clip).any() and (ratio < clip).any()
+    advantages = hand_vtrace(rewards, values, dones, next_value, next_done, gamma, lam, ratio, rho_clip, c_clip)
+    torch.testing.assert_close(vtrace_out[0].double(), torch.as_tensor(advantages), rtol=1e-4, atol=1e-4)
+    gae = hand_gae(rewards, values, dones, next_value, next_done, gamma, lam)[0]
+    assert np.abs(advantages - gae).max() > 100 * 1e-4  # far from GAE, in the units of the tolerance above
+    # and the second epoch's policy loss takes them, normalised over the batch
+    want = normalised(torch.as_tensor(advantages))
+    for x, (inputs, _) in zip(updates[-len(logratios) // 2 :], logratios[first_of_second_epoch:], strict=True):
+        for (i, c), a in by_sample(x, inputs[1]).items():
+            t = int((steps[:, i] == c).nonzero())
+            assert a == pytest.approx(float(want[t, i]), rel=1e-3, abs=1e-4)
+
+
+def spy(monkeypatch, script, name, record):
+    """`script.name`, with each call's inputs and output appended to `record`."""
+    function = getattr(script, name)
+
+    def recorded(*args):
+        out = function(*args)
+        record.append((args, out))
+        return out
+
+    monkeypatch.setattr(script, name, recorded)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_prioritised_segments_follow_the_advantages_and_weight_the_losses(name, tmp_path, monkeypatch):
+    """Priorities are each env's sum of |advantage|; a minibatch is the whole segments drawn; P and the importance
+    weights (N P)^-beta go with those priorities; the logged losses are the weighted means sum(w x) / n."""
+    drawn = []
+    patch = lambda script: spy(monkeypatch, script, "prioritized_segments", drawn)  # noqa: E731
+    flags = ["--prio-alpha", "0.8", "--prio-beta0", "0.3", "--num-minibatches", "2"]
+    recorder, scalars = train(name, monkeypatch, tmp_path, flags, patch=patch)
+    gaes, updates = recorder.of("compute_gae"), [x for kind, x, _ in recorder.calls if kind == "update"]
+    assert len(drawn) * 2 == len(updates)  # a draw an epoch, of two minibatches
+    for k, ((priorities, num_minibatches, alpha, beta), (segments, weights)) in enumerate(drawn):
+        iteration = k // (len(drawn) // 2)
+        np.testing.assert_allclose(priorities, gaes[iteration][1][0].abs().sum(0).numpy(), rtol=1e-6)
+        assert np.ptp(priorities) > 0.1 * priorities.mean()  # unequal priorities: uniform ones would be told apart
+        probs = (priorities + 1e-8) ** alpha / ((priorities + 1e-8) ** alpha).sum()
+        np.testing.assert_allclose(weights, (len(priorities) * probs[segments]) ** -beta, rtol=1e-6)
+        for m in range(num_minibatches):  # each minibatch is its drawn segments, every step of them
+            x = updates[k * num_minibatches + m]
+            assert sorted(ids(x)[1].tolist()) == sorted(np.repeat(segments[m], NUM_STEPS).tolist())
+    # the last minibatch's logged losses: the means of its per-sample losses, each weighted by its segment's weight
+    segments, weights = drawn[-1][1]
+    weight_of = dict(zip(segments[-1].tolist(), weights[-1].tolist(), strict=True))
+    w = torch.tensor([weight_of[int(i)] for i in ids(updates[-1])[1]])
+    for tag, loss in (("losses/policy_loss", "clipped_policy_loss"), ("losses/value_loss", "clipped_value_loss")):
+        per_sample = recorder.of(loss)[-1][1].detach()
+        logged = scalars[tag][-1][1]
+        assert logged == pytest.approx(float((w * per_sample).mean()), rel=1e-5, abs=1e-7), tag
+        assert abs(float(per_sample.mean()) - logged) > 1e-3 * abs(logged), tag  # the weights made a difference
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_rnd_s_predictor_learns_inside_train(name, tmp_path, monkeypatch):
+    """After 8 iterations the predictor's error on the last rollout's observations (normalised alike) has fallen
+    below half of what the untrained predictor makes of them."""
+    first_predictor = []
+
+    def patch(script):
+        reward = script.RND.intrinsic_reward
+
+        def keep_the_first(self, *args):
+            if not first_predictor:
+                first_predictor.append(copy.deepcopy(self.predictor))
+            return reward(self, *args)
+
+        monkeypatch.setattr(script.RND, "intrinsic_reward", keep_the_first)
+
+    flags = ["--intrinsic-coef", "0.5", "--total-timesteps", str(8 * NUM_ENVS * NUM_STEPS), "--learning-rate", "1e-3"]
+    recorder, _ = train(name, monkeypatch, tmp_path, flags, patch=patch)
+    rnd, obs = recorder.agents[0].rnd, training_obs(recorder)[-NUM_STEPS:].flatten(0, 1)
+    with torch.no_grad():
+        trained = rnd.prediction_error(obs).mean().item()
+        rnd.predictor, trained_predictor = first_predictor[0], rnd.predictor
+        untrained = rnd.prediction_error(obs).mean().item()
+        rnd.predictor = trained_predictor
+    assert trained < 0.5 * untrained, (trained, untrained)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_pretraining_drops_a_game_reward_that_is_there(name, tmp_path, monkeypatch):
+    """The scripted games pay every step; in pretraining GAE sees the intrinsic reward alone, without it the sum."""
+    intrinsic = []
+
+    def patch(script):
+        reward = script.RND.intrinsic_reward
+        monkeypatch.setattr(script.RND, "intrinsic_reward", lambda self, *a: intrinsic.append(reward(self, *a))
+                            or intrinsic[-1])  # fmt: skip
+
+    for pretraining in (True, False):
+        intrinsic.clear()
+        flags = ["--intrinsic-coef", "0.5", *(["--pretraining"] if pretraining else [])]
+        recorder, _ = train(name, monkeypatch, tmp_path / str(pretraining), flags, patch=patch)
+        rewards = recorder.of("compute_gae")[0][0][0]
+        game = grid(training_steps(recorder, 0), {(i, c): c + 100 * i for i in range(NUM_ENVS)
+                                                  for c in range(NUM_STEPS)}).float()  # fmt: skip
+        assert game.abs().sum() > 0
+        expected = 0.5 * intrinsic[0] + (0 if pretraining else game)
+        torch.testing.assert_close(rewards, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_bf16_autocast_runs_the_encoders_in_bf16_and_the_heads_in_fp32(name, tmp_path, monkeypatch):
+    """The dtypes seen inside the forward pass: every encoder's convolutions give bf16, in the rollout and in the
+    update, and the heads give fp32."""
+    seen = {}
+
+    def watch(agent):
+        for key, module in [("encoder", agent.network[0]), ("head", agent.actor), ("head", agent.critic)] + (
+            [("encoder", agent.value_network[0])] if getattr(agent, "arch", "") == "dual" else []
+        ):
+            module.register_forward_hook(lambda m, i, out, key=key: seen.setdefault(
+                (key, torch.is_grad_enabled()), set()).add(out.dtype))  # fmt: skip
+
+    train(name, monkeypatch, tmp_path, ["--autocast", "bf16"], init=watch)
+    assert seen == {("encoder", False): {torch.bfloat16}, ("encoder", True): {torch.bfloat16},
+                    ("head", False): {torch.float32}, ("head", True): {torch.float32}}, seen  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_eval_only_plays_the_levels_it_is_asked_for(name, tmp_path, monkeypatch):
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    agent = script.Agent((64, 64, 3), 15, 16, script.Args.init_fn, *(["dual"] if is_ppg(name) else []))
+    torch.save(agent.state_dict(), tmp_path / "saved.cleanrl_model")
+    flags = ["--feature-dim", "16", "--num-levels", "7", "--start-level", "3", "--device", "cpu", "--eval-only",
+             "saved.cleanrl_model", "--eval-episodes", "4", "--num-eval-envs", "2"]  # fmt: skip
+    for extra, levels in (([], (0, 0)), (["--eval-train-levels"], (7, 3))):
+        recorder = Recorder(script, monkeypatch)
+        returns = script.train(script.parse_args([*flags, *extra]))
+        (env,) = type(recorder.train_env).made
+        assert (env.kwargs["num_levels"], env.kwargs["start_level"]) == levels and len(returns) == 4
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_under_torchrun_each_process_plays_its_own_levels_and_every_episode_is_logged(name, tmp_path):
+    """Each process's games get their own seed; every process's episodes reach rank 0's log; nothing of the process
+    group is left when `train()` returns."""
+    flags = [*SMALL, *(PPG if is_ppg(name) else []), "--exp-name", "ddp"]  # 2 of the 4 envs and 1 test env a process
+    proc = torchrun([str(ROOT / "tests" / "ddp_train.py"), name, str(tmp_path / "out"), *flags], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"out.rank{rank}.json").read_text()) for rank in (0, 1)]
+    seeds = [seed for rank in ranks for seed in rank["seeds"]]  # training and test envs of rank 0, then of rank 1
+    assert len(seeds) == len(set(seeds)) == 4, seeds
+    scalars = read_scalars(tmp_path / "runs" / ranks[0]["run_name"])
+    for k, tag in enumerate(("charts/episodic_return", "charts/test_episodic_return")):
+        assert len(scalars[tag]) == sum(rank["episodes"][k] for rank in ranks) > 0, tag
+    # the process group is gone with its gloo threads, which would otherwise be torn down with Python and may abort
+    # the process (exit status -6, and torchrun restarts a finished job)
+    assert not [t for rank in ranks for t in rank["threads"] if "gloo" in t], [rank["threads"] for rank in ranks]
