@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import importlib.util
 import io
+import itertools
 import os
 import random
 import re
@@ -350,11 +351,7 @@ def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args):
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad()
-            for key, value in (
-                ("kl_loss", kl_loss),
-                ("aux_value_loss", aux_value_loss),
-                ("real_value_loss", real_value_loss),
-            ):
+            for key, value in zip(stats, (kl_loss, aux_value_loss, real_value_loss), strict=True):
                 stats[key].append(value.detach())
     return dict(zip(stats, [torch.stack(v).mean().item() for v in stats.values()], strict=True))
 
@@ -373,13 +370,14 @@ def train(args: Args):
     args.num_iterations = args.num_phases * args.n_iteration
     tune_allocator()  # [10] speed only
     device = torch.device(args.device)
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = make_dir(f"runs/{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}", "exp-name", new=True)
+    run_name = os.path.basename(run_dir)  # with `_2`, `_3`, ... where other runs started in the same second
     if args.track:
         import wandb
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
                    name=run_name, monitor_gym=True, save_code=True)  # fmt: skip
-    writer = SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"))
+    writer = SummaryWriter(run_dir)
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
     console(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on {device}; "
@@ -675,15 +673,19 @@ def host_memory():
     return float("inf")
 
 
-def make_dir(path: str, flag: str) -> str:
-    """Create an output directory before any work starts, or stop with one line saying why it cannot be written."""
+def make_dir(path: str, flag: str, new=False) -> str:
+    """Create an output directory before any work starts, or stop with one line saying why it cannot be written.
+    `new`: a directory no other run has, `path` or else `path_2`, `path_3`, ... (runs started in the same second)."""
     try:
-        os.makedirs(path, exist_ok=True)
-        if not os.access(path, os.W_OK | os.X_OK):
+        for name in (f"{path}_{n}" if n > 1 else path for n in itertools.count(1)) if new else [path]:
+            with contextlib.suppress(FileExistsError if new else ()):  # taken by another run: the next name
+                os.makedirs(name, exist_ok=not new)
+                break
+        if not os.access(name, os.W_OK | os.X_OK):
             raise PermissionError(13, "Permission denied")
     except OSError as exc:
-        arg_error(flag, f"cannot write {path}/: {exc.strerror or exc}")
-    return path
+        arg_error(flag, f"cannot write {name}/: {exc.strerror or exc}")
+    return name
 
 
 def console(text):

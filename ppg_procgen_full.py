@@ -13,6 +13,7 @@ import functools
 import glob
 import importlib.util
 import io
+import itertools
 import os
 import pickle
 import random
@@ -175,7 +176,7 @@ class Args:
     # ── the features' flags ──
     # Checkpoints and evaluation
     checkpoint_interval: int = 0
-    """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on SIGINT/SIGTERM),
+    """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on a stop signal),
     at the end of the phase where the interval falls: the phase buffer is spent there and left out"""
     checkpoint_aux_epochs: bool = False
     """also write a checkpoint after every auxiliary epoch but the last, with the whole phase buffer (6.25 GiB at the
@@ -622,11 +623,7 @@ def auxiliary_phase(
                 optimizer.step()
                 optimizer.zero_grad()
             progress(f"auxiliary phase  epoch {_epoch + 1}/{args.e_auxiliary}  minibatch {i + 1}/{len(minibatches)}")
-            for key, value in (
-                ("kl_loss", kl_loss),
-                ("aux_value_loss", aux_value_loss),
-                ("real_value_loss", real_value_loss),
-            ):
+            for key, value in zip(stats, (kl_loss, aux_value_loss, real_value_loss), strict=True):
                 stats[key].append(value.detach())
         # ── checkpoints [25]: between epochs, when one is due ──
         if after is not None:
@@ -773,7 +770,8 @@ class NullWriter:
 
 def join_processes(args: Args, device):
     """Under torchrun, join the process group; rank 0 alone prints. Every process, and every restart of the job,
-    agrees on the run's name, and a restarted job continues its run from the newest checkpoint."""
+    agrees on the run's name, and a restarted job continues its run from the newest checkpoint. A new run gets a
+    directory that no other run has (made by rank 0, `_2`, `_3`, ... where other runs started in the same second)."""
     if args.world_size > 1:
         init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
         if args.rank > 0:  # one process speaks for all
@@ -781,7 +779,8 @@ def join_processes(args: Args, device):
     job = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # torchrun's "none": no --rdzv-id, no --standalone
     stamp = job if job != "none" else gather_objects(int(time.time()), args.world_size)[0]  # rank 0's clock
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp}"
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:  # torchrun restarted the job: continue its run
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if restarted:  # torchrun restarted the job: continue its run
         if args.resume is not None:  # from the newest checkpoint of the run that --resume continued, not its file
             ckpt = load_checkpoint(args.resume, "resume")[1]
             run_name = ckpt.get("run_name", run_name) if isinstance(ckpt, dict) else run_name
@@ -790,6 +789,9 @@ def join_processes(args: Args, device):
         elif job == "none":
             console("torchrun restarted the job, which has no name to find its checkpoints by (--rdzv-id or "
                     "--standalone gives it one): it starts anew")  # fmt: skip
+    if args.resume is None and not (restarted and job != "none"):  # not the directory of a resumed or restarted run
+        made = make_dir(f"runs/{run_name}", "exp-name", new=True) if args.rank == 0 else None
+        run_name = os.path.basename(gather_objects(made, args.world_size)[0])
     return run_name
 
 
@@ -908,25 +910,45 @@ def save_checkpoint(run_dir, name, state, keep=None):
 LOADED = {}  # the last checkpoint read, by path, time and size
 
 
+def read_checkpoint(path):
+    """A checkpoint file's contents, read from disk once (`--resume` reads its flags first, then its state); a
+    ValueError saying why a file is not a readable checkpoint."""
+    key = (os.path.abspath(path), os.stat(path).st_mtime_ns, os.stat(path).st_size)
+    if key in LOADED:
+        return LOADED[key]
+    LOADED.clear()  # one checkpoint in memory at a time: PPG's may hold a 6 GiB phase buffer
+    try:  # tensors and plain Python values only: a file that would run code on loading is refused
+        LOADED[key] = unplain(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+    except Exception as exc:  # a truncated or foreign file fails somewhere in torch's zip or pickle layers
+        why = "holds more than tensors and plain values" if isinstance(exc, pickle.UnpicklingError) else "truncated?"
+        raise ValueError(f"not a readable checkpoint ({why}: {type(exc).__name__})") from exc
+    return LOADED[key]
+
+
 def load_checkpoint(path, flag):
-    """A checkpoint file, or the newest `iter_*.pt` of a run directory; a one-line error for anything else."""
+    """A checkpoint file, or the newest `iter_*.pt` of a run directory that reads (a warning names each newer one that
+    does not: a copy cut short, a disk that lost its tail); a one-line error for anything else."""
     if os.path.isdir(path):
         found = sorted(glob.glob(f"{path}/checkpoints/iter_*.pt") + glob.glob(f"{path}/iter_*.pt"))
         if not found:
             arg_error(flag, f"{path}: no checkpoint (checkpoints/iter_*.pt) in this run directory")
-        path = found[-1]
+        for newer in found[:0:-1]:  # newest first; the oldest is read as a file named by the flag would be
+            try:
+                return newer, read_checkpoint(newer)
+            except ValueError as why:
+                if newer not in SKIPPED:  # `--resume` looks twice: one warning
+                    SKIPPED.add(newer)
+                    print(f"{SCRIPT}.py: warning: --{flag}: {newer}: skipped, {why}", file=sys.stderr, flush=True)
+        path = found[0]
     if not os.path.isfile(path):
         arg_error(flag, f"{path}: no such file")
-    key = (os.path.abspath(path), os.stat(path).st_mtime_ns, os.stat(path).st_size)
-    if key in LOADED:  # `--resume` reads a checkpoint's flags (cli_defaults), then its state: once from disk
-        return path, LOADED[key]
-    try:  # tensors and plain Python values only: a file that would run code on loading is refused
-        LOADED.clear()
-        LOADED[key] = unplain(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
-        return path, LOADED[key]
-    except Exception as exc:  # a truncated or foreign file fails somewhere in torch's zip or pickle layers
-        why = "holds more than tensors and plain values" if isinstance(exc, pickle.UnpicklingError) else "truncated?"
-        arg_error(flag, f"{path}: not a readable checkpoint ({why}: {type(exc).__name__})")
+    try:
+        return path, read_checkpoint(path)
+    except ValueError as why:
+        arg_error(flag, f"{path}: {why}")
+
+
+SKIPPED = set()  # the unreadable checkpoints of a run directory that a warning named
 
 
 def check_checkpoint(path, ckpt, args: Args, flags, flag):
@@ -987,9 +1009,11 @@ def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args: A
     optimizer.load_state_dict(ckpt["optimizer"])
     if aux_optimizer is not None and aux_optimizer is not optimizer and ckpt.get("aux_optimizer") is not None:
         aux_optimizer.load_state_dict(ckpt["aux_optimizer"])
+    lr = args.learning_rate * (1.0 - (ckpt["iteration"] - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
     for opt in (optimizer, aux_optimizer or optimizer):
         for group in opt.param_groups:  # Adam's saved settings give way to the flags (the checkpoint's, or given)
-            group["lr"], group["eps"] = args.learning_rate, args.adam_eps
+            group["lr"], group["eps"] = lr, args.adam_eps  # [14] the rate of the checkpoint's iteration, whose
+            # auxiliary phase a resume may finish first
     mine = ckpt["ranks"][args.rank]  # what belongs to this process: its envs and random states
     set_env_state(envs, mine["envs"])
     if mine.get("intrinsic_return") is not None:  # [33] this process's envs' running returns, not rank 0's
@@ -1026,8 +1050,8 @@ def write_checkpoint(run_name, iteration, global_step, agent, optimizers, mine, 
 
 
 def stopped_by_signal(signum, where, ckpt_path, args: Args):
-    """Say where (`iteration N`, ...) a run stopped by SIGINT or SIGTERM is, and how to resume it; the exit status,
-    128 + the signal."""
+    """Say where (`iteration N`, ...) a run stopped by a signal (STOP_SIGNALS) is, and how to resume it; the exit
+    status, 128 + the signal."""
     name = signal.Signals(signum).name
     if args.rank == 0 and ckpt_path is None:
         console(f"stopped by {name} after {where}; no checkpoint was written")
@@ -1052,22 +1076,27 @@ def diverged(agent, losses, last_good, run_name, iteration, given, args: Args):
     return bad is not None
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal or the ssh connection is gone
+
+
 class GracefulStop:
-    """SIGINT/SIGTERM: finish the iteration, write a checkpoint and exit; a second signal exits at once."""
+    """SIGINT, SIGTERM, SIGHUP: finish the iteration, write a checkpoint and exit; a second signal exits at once."""
 
     def __init__(self):
         self.signum = None
-        for s in (signal.SIGINT, signal.SIGTERM):  # put back when `train` ends (keeps_process_settings)
+        for s in STOP_SIGNALS:  # put back when `train` ends (keeps_process_settings)
             signal.signal(s, self.handle)
 
     def handle(self, signum, frame):
         name = signal.Signals(signum).name
         if self.signum is not None:
-            print(f"\n{name} again: exiting now, without a checkpoint", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):  # a terminal that is gone (SIGHUP) takes no more lines
+                print(f"\n{name} again: exiting now, without a checkpoint", file=sys.stderr, flush=True)
             os._exit(128 + signum)
         self.signum = signum
-        print(f"\n{name}: finishing this iteration or auxiliary epoch, then writing a checkpoint ({name} again exits "
-              "at once)", file=sys.stderr, flush=True)  # fmt: skip
+        with contextlib.suppress(OSError):
+            print(f"\n{name}: finishing this iteration or auxiliary epoch, then writing a checkpoint ({name} again "
+                  "exits at once)", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def cli_defaults(argv):
@@ -1136,12 +1165,12 @@ def evaluate_saved(args: Args):
 
 # ── process-wide settings: put back when `train` returns or raises, so that calling it twice starts clean ──
 def keeps_process_settings(train):
-    """The console (the status line's or a silent rank's `sys.stdout`), the SIGINT and SIGTERM handlers, and
+    """The console (the status line's or a silent rank's `sys.stdout`), the stop signals' handlers, and
     torch.distributions' argument checks, as they were before `train`."""
 
     @functools.wraps(train)
     def wrapper(*args, **kwargs):
-        stdout, handlers = sys.stdout, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        stdout, handlers = sys.stdout, {s: signal.getsignal(s) for s in STOP_SIGNALS}
         validate = torch.distributions.Distribution._validate_args
         try:
             return train(*args, **kwargs)
@@ -1194,8 +1223,9 @@ def train(args: Args):
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
                    name=run_name, monitor_gym=True, save_code=True)  # fmt: skip
-    # on resume, the log continues: events after the checkpoint's step, left by the interrupted run, are dropped
-    purge_step = ckpt["global_step"] + 1 if ckpt else None
+    # on resume, the log continues: events after the checkpoint's step, left by the interrupted run, are dropped (all
+    # of them where a restarted torchrun job starts anew in its directory, having no checkpoint)
+    purge_step = ckpt["global_step"] + 1 if ckpt else 0
     writer = (
         SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"), purge_step=purge_step)
         if args.rank == 0
@@ -1792,15 +1822,19 @@ def host_memory():
     return float("inf")
 
 
-def make_dir(path: str, flag: str) -> str:
-    """Create an output directory before any work starts, or stop with one line saying why it cannot be written."""
+def make_dir(path: str, flag: str, new=False) -> str:
+    """Create an output directory before any work starts, or stop with one line saying why it cannot be written.
+    `new`: a directory no other run has, `path` or else `path_2`, `path_3`, ... (runs started in the same second)."""
     try:
-        os.makedirs(path, exist_ok=True)
-        if not os.access(path, os.W_OK | os.X_OK):
+        for name in (f"{path}_{n}" if n > 1 else path for n in itertools.count(1)) if new else [path]:
+            with contextlib.suppress(FileExistsError if new else ()):  # taken by another run: the next name
+                os.makedirs(name, exist_ok=not new)
+                break
+        if not os.access(name, os.W_OK | os.X_OK):
             raise PermissionError(13, "Permission denied")
     except OSError as exc:
-        arg_error(flag, f"cannot write {path}/: {exc.strerror or exc}")
-    return path
+        arg_error(flag, f"cannot write {name}/: {exc.strerror or exc}")
+    return name
 
 
 def console(text):

@@ -86,11 +86,17 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
     assert [s for s, _ in b["losses/policy_loss"]] == [128, 256, 384, 512]
 
 
-@pytest.mark.parametrize("extra", [[], SEPARATE], ids=["shared", "separate"])
+ANNEAL = ["--anneal-lr"]
+
+
+@pytest.mark.parametrize(
+    "extra", [[], ANNEAL, [*SEPARATE, *ANNEAL]], ids=["shared", "shared-anneal-lr", "separate-anneal-lr"]
+)
 def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_from_that_epoch(tmp_path, monkeypatch, capsys, extra):
     """A signal in the second of three auxiliary epochs writes `iter_N.aux002.pt` (the phase buffer, the old logits,
     the losses so far, the random states, a separate auxiliary Adam); the resumed run skips the epochs done, logs
-    what the uninterrupted run logs, and with --checkpoint-aux-epochs every epoch but the last writes one."""
+    what the uninterrupted run logs (the rest of the phase at the learning rate it had, annealed or not), and with
+    --checkpoint-aux-epochs every epoch but the last writes one."""
     script = load_script("ppg_procgen_full")
     monkeypatch.chdir(tmp_path)
     flags = [*smoke_args("ppg_procgen_full"), "--total-timesteps", "512", "--e-auxiliary", "3", "--device", "cpu",
@@ -120,7 +126,10 @@ def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_from_that_epoch(tm
     assert [s for s, _ in b["losses/aux/kl_loss"]] == [256, 512]
 
 
-def test_sigterm_writes_a_checkpoint_that_resumes(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_writes_a_checkpoint_that_resumes(tmp_path, signum):
+    """SIGTERM (a scheduler), and SIGHUP (the terminal or the ssh connection went away): the iteration finishes, a
+    checkpoint is written, and the run resumes from it."""
     cmd = [
         sys.executable,
         str(ROOT / "ppo_procgen_full.py"),
@@ -131,10 +140,11 @@ def test_sigterm_writes_a_checkpoint_that_resumes(tmp_path):
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:  # wait until training runs, then ask it to stop
         if line.startswith("iter 1/"):
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signum)
             break
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert proc.returncode == 128 + signum, err
+    assert f"stopped by {signal.Signals(signum).name} after iteration" in out
     assert "resume with: python ppo_procgen_full.py --resume" in out
     (ckpt_path,) = (tmp_path / "runs").glob("*/checkpoints/iter_*.pt")
     ckpt = torch.load(ckpt_path, weights_only=False)
@@ -431,3 +441,22 @@ def test_a_torchrun_restart_continues_from_the_newest_checkpoint_not_the_resumed
     monkeypatch.setattr(script, "console", logged.append)
     assert train(script, [*flags, "--resume", str(first)]) == run_dir.name
     assert any(f"is complete: {iterations} of {iterations} iterations" in line for line in logged), logged
+
+
+def test_a_run_directory_whose_newest_checkpoint_does_not_read_resumes_from_the_one_before(
+    trained, tmp_path, monkeypatch, capsys
+):
+    """A newest checkpoint cut short (a copy, a file system that lost its tail): `--resume RUN_DIR` warns in one line
+    naming it and goes on from the one before; the same file named by `--resume` stays a one-line error."""
+    script, flags, run_dir, (older, newest) = with_two_checkpoints(trained, tmp_path, monkeypatch)
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+    capsys.readouterr()
+    argv = [*flags, "--total-timesteps", str(torch.load(older, weights_only=False)["global_step"] + 128 * 2)]
+    with pytest.raises(SystemExit) as exc:
+        script.train(script.parse_args([*argv, "--resume", str(newest)]))
+    assert f"{newest}: not a readable checkpoint" in one_error_line(capsys, exc)
+    assert script.train(script.parse_args([*argv, "--resume", str(run_dir)])) == run_dir.name
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"{script.SCRIPT}.py: warning: --resume: {newest}: skipped, not a readable "
+                                "checkpoint (truncated?: RuntimeError)"], err  # fmt: skip
+    assert f"resumed from {older}" in out

@@ -142,6 +142,31 @@ def test_an_unwritable_output_directory_is_one_line(tmp_path, monkeypatch, capsy
     assert os.listdir(tmp_path / where) == ["earlier.txt"]  # nothing lost
 
 
+@pytest.mark.parametrize("name", [*SCRIPTS, *FULL.values()])
+def test_two_runs_started_in_the_same_second_get_a_directory_each(tmp_path, name):
+    """Two identical runs at once, named after the same second: each gets its own run directory (the second with
+    `_2`), says so, and keeps its own events and checkpoints there; none of them is shared."""
+    flags = [*smoke_args(name), "--device", "cpu", "--eval-interval", "0"]
+    flags += ["--checkpoint-interval", "1"] if name in FULL.values() else []
+    cmd = [sys.executable, str(ROOT / "tests" / "fixed_clock.py"), name, *flags]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]  # fmt: skip
+    outs = [proc.communicate(timeout=300) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err[-2000:] for _, err in outs]
+    base = f"starpilot__{name}__1__1800000000"
+    run_dirs = sorted((tmp_path / "runs").iterdir())
+    assert [d.name for d in run_dirs] == [base, f"{base}_2"]
+    said = sorted(out.splitlines()[0].split("logs in runs/")[1].split(" ")[0] for out, _ in outs)
+    assert said == [d.name for d in run_dirs]
+    for run_dir in run_dirs:
+        assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
+        assert [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]] == [128, 256]  # one run's, once
+        for ckpt in run_dir.glob("checkpoints/*.pt"):  # a resume of it continues this directory
+            assert torch.load(ckpt, weights_only=False)["run_name"] == run_dir.name
+    if name in FULL.values():
+        assert len(list(run_dirs[1].glob("checkpoints/*.pt"))) == len(list(run_dirs[0].glob("checkpoints/*.pt"))) > 0
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_same_seed_same_losses_other_seed_not(tmp_path, monkeypatch, name):
     script = load_script(name)

@@ -130,3 +130,17 @@ def test_torchrun_without_a_run_id_names_each_run_apart(name, monkeypatch):
     assert run_name.rsplit("__", 1)[1].isdigit(), run_name
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
     assert script.join_processes(args, torch.device("cpu")).endswith("__job-7")
+
+
+@pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
+def test_a_restarted_job_without_a_checkpoint_starts_its_log_anew(name, tmp_path, monkeypatch):
+    """torchrun restarts a named job that died before its first checkpoint: the run starts anew in its directory, and
+    what the dead attempt logged is dropped, not mixed into the new one's curves."""
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    for restart in ("0", "1"):
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart)
+        run_name = script.train(script.parse_args([*smoke_args(name), "--device", "cpu"]))
+    assert run_name.endswith("__job-1") and len(list((tmp_path / "runs").iterdir())) == 1
+    assert [step for step, _ in read_scalars(tmp_path / "runs" / run_name)["losses/policy_loss"]] == [128, 256]

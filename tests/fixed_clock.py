@@ -1,0 +1,16 @@
+"""Run a script's `train()` on a clock that reads 1,800,000,000 s when it starts and runs a thousand times slower, so
+that runs started together are named after the same second, as the runs of a sweep started in a loop often are:
+
+    python tests/fixed_clock.py SCRIPT_NAME FLAGS...
+"""
+
+import sys
+import time
+import types
+
+from conftest import load_script, parse
+
+script = load_script(sys.argv[1])
+start = time.time()
+script.time = types.SimpleNamespace(**{**vars(time), "time": lambda: 1.8e9 + (time.time() - start) / 1000})
+script.train(parse(script, sys.argv[2:]))
