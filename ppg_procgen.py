@@ -395,7 +395,7 @@ def train(args: Args):
     envs = make_envs(args.num_envs, args.seed, args.num_levels, args.start_level, args)
     if args.norm_reward:  # [12] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-        envs = gym.wrappers.vector.ClipReward(envs, -args.clip_reward, args.clip_reward)
+        envs = gym.wrappers.vector.TransformReward(envs, lambda r: np.clip(r, -args.clip_reward, args.clip_reward))
     if args.eval_interval > 0:
         video_dir = make_dir(f"videos/{run_name}", "capture-video") if args.capture_video else None
         test_envs = make_envs(args.num_eval_envs, args.seed + 1_000_003, 0, 0, args, video_dir)
