@@ -214,6 +214,12 @@ class Args:
     """run the network in bfloat16 autocast (losses, ratios and the optimizer stay in fp32)"""
     tune_malloc: bool = True
     """keep glibc's freed memory for reuse instead of unmapping it (about 1.7x faster updates on CPU)"""
+    rollout: Literal["plain", "folded", "pipelined"] = "plain"
+    """plain: the lean loop, then the test envs' own loop; folded: the test envs in the same forward pass, stepping
+    beside the training envs; pipelined: folded, and the training envs in two halves, one stepping while the other's
+    actions are computed. The same numbers on a CPU (the rollout's noise is drawn ahead, in the same order)"""
+    compile: Literal["off", "default", "reduce-overhead"] = "off"
+    """torch.compile the encoders (forward and backward); `reduce-overhead` adds CUDA graphs on a GPU"""
     aux_optimizer: Literal["shared", "separate"] = "shared"
     """the auxiliary phase's Adam: `shared` with the policy phase (CleanRL's PPG, ours), or `separate`, one of its
     own, kept from phase to phase (OpenAI's PPG code)"""
@@ -248,6 +254,7 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         # [2] Seeded level generator: `rand_seed` fixes which levels each env plays and in what order.
         self.env = Procgen(num=num_envs, rand_seed=seed, **procgen_kwargs)
         self.num_envs, self.gym3 = num_envs, hasattr(self.env, "act")  # procgen's gym3 env, or procgen-gym's
+        self.make_part = functools.partial(Procgen, rand_seed=seed, **procgen_kwargs)  # [35] a pipelined rollout's
         self.video_dir, self.video_episode, self.frames = video_dir, 0, []  # `--capture-video`: env 0's episodes
         self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)  # procgen's RGB frames
         self.single_action_space = gym.spaces.Discrete(15)  # procgen's button combinations, the same in every game
@@ -269,6 +276,19 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         if self.video_dir is not None:
             self.record(obs[0], first[0])
         return obs, reward, first, np.zeros_like(first), {}
+
+    # ── folded and pipelined rollouts [35] ──
+    def start_ahead(self, parts):
+        """Let the policy step start the games' next step (`act_ahead`), `parts` instances of them stepping apart."""
+        if self.gym3:  # procgen-gym steps in `step` alone
+            self.env = AheadSteps(self.env, parts, self.make_part)
+
+    def act_ahead(self, actions, part=None):
+        """Start the next step of the games of `part` (or of all), and return at once; `step` then waits for it."""
+        if self.gym3 and isinstance(self.env, AheadSteps):
+            self.env.act_ahead(np.asarray(actions, dtype=np.int32), part)
+
+    # ── end folded and pipelined rollouts ──
 
     def record(self, frame, episode_ended):
         """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
@@ -293,6 +313,95 @@ def make_envs(num_envs, seed, num_levels, start_level, args: Args, video_dir=Non
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "`dones` needs same-step resets"
     return envs
+
+
+# ── folded and pipelined rollouts [35]: the games step while the policy computes ──
+class AheadSteps:
+    """procgen's gym3 games in `parts` instances, each of whose next step may start (`act_ahead`) before the adapter's
+    `step` waits for them all. Parts are made with the games' states copied from the one instance of them all: procgen
+    seeds its games in order from one `rand_seed`, so parts seeded apart would play other levels."""
+
+    def __init__(self, whole, parts, make):
+        self.size, self.started = whole.num // parts, [False] * parts
+        self.parts = [whole] if parts == 1 else [make(num=self.size) for _ in range(parts)]
+        if parts > 1:
+            self.set_state(whole.get_state())
+
+    def act_ahead(self, actions, part=None):
+        for k in range(len(self.parts)) if part is None else [part]:
+            self.parts[k].act(actions if part is not None else actions[k * self.size : (k + 1) * self.size])
+            self.started[k] = True
+
+    def act(self, actions):
+        """The adapter's step: the parts whose step has not started yet."""
+        for k, part in enumerate(self.parts):
+            if not self.started[k]:
+                part.act(actions[k * self.size : (k + 1) * self.size])
+        self.started = [False] * len(self.parts)
+
+    def observe(self):
+        seen = [part.observe() for part in self.parts]
+        if len(seen) == 1:
+            return seen[0]
+        rgb = np.concatenate([obs["rgb"] for _, obs, _ in seen])
+        return np.concatenate([r for r, _, _ in seen]), {"rgb": rgb}, np.concatenate([f for _, _, f in seen])
+
+    def get_state(self):
+        return [state for part in self.parts for state in part.get_state()]
+
+    def set_state(self, states):
+        for k, part in enumerate(self.parts):
+            part.set_state(states[k * self.size : (k + 1) * self.size])
+
+
+class RolloutPolicy:
+    """One rollout's policy step, the lean loop's `agent.get_action_and_value(next_obs)` (`--rollout plain`), or with
+    the test envs folded in: one forward pass over the training and the test envs' observations, whose test actions
+    start those envs' step at once, beside the training envs' (`step_test_envs` waits for it). Pipelined, the first half
+    of the training envs starts its step while the second half's actions (and the test envs') are computed. Folded or
+    pipelined, the noise of the whole rollout is drawn ahead, the training envs' and then the test envs', in the order
+    in which the plain rollout and the test envs' loop draw it: where the forward pass gives an observation the same
+    output in any batch (a CPU), the run logs the same numbers as with `--rollout plain`."""
+
+    def __init__(self, agent, envs, test_envs, test_obs, args: Args, to_device):
+        self.agent, self.envs, self.test_envs, self.test_obs = agent, envs, test_envs, test_obs
+        self.to_device, self.t, self.test_episodes, self.noise = to_device, 0, [], None
+        self.size = envs.num_envs // (2 if args.rollout == "pipelined" else 1)
+        actions, device = envs.single_action_space.n, next(agent.parameters()).device
+        if args.rollout != "plain":
+            self.noise = torch.empty((args.num_steps, envs.num_envs, actions), device=device).exponential_()
+        if test_envs is not None:
+            self.test_noise = torch.empty((args.num_steps, test_envs.num_envs, actions), device=device).exponential_()
+
+    def __call__(self, next_obs):
+        if self.noise is None:
+            return self.agent.get_action_and_value(next_obs)
+        outs, last = [], len(next_obs) // self.size - 1
+        for k in range(last + 1):
+            rows = slice(k * self.size, (k + 1) * self.size)
+            x, noise = next_obs[rows], self.noise[self.t, rows]
+            if k == last and self.test_envs is not None:
+                x, noise = torch.cat([x, self.test_obs]), torch.cat([noise, self.test_noise[self.t]])
+            out = self.agent.get_action_and_value(x, noise=noise)
+            if k == last and self.test_envs is not None:
+                self.test_action = out[0][self.size :].cpu().numpy()
+                self.test_envs.unwrapped.act_ahead(self.test_action)
+                out = [o[: self.size] for o in out]
+            if k < last:
+                self.envs.unwrapped.act_ahead(out[0].cpu().numpy(), k)
+            outs.append(out)
+        self.t += 1
+        return outs[0] if len(outs) == 1 else [torch.cat(o) for o in zip(*outs, strict=True)]
+
+    def step_test_envs(self):
+        """Wait for the test envs' step that the policy step started (folded), and keep the episodes that ended."""
+        if self.test_envs is not None:
+            test_obs, _, _, _, test_infos = self.test_envs.step(self.test_action)
+            self.test_obs = self.to_device("test_obs", test_obs)
+            log_episodes(self.test_episodes, test_infos, 0, "test_")
+
+
+# ── end folded and pipelined rollouts ──
 
 
 # ── the status line: on a terminal, one line rewritten in place with the progress, the SPS and the time left ──
@@ -483,6 +592,25 @@ def autocast_bf16(module):
 # ── end bf16 autocast ──
 
 
+# ── speed options [31], [35], [36] ──
+def speed_options(agent, envs, test_envs, args: Args):
+    """bf16 autocast [31] and torch.compile [36] of the encoders alone (bf16 heads would round logits and values before
+    the ratio; the heads are one small layer each), and [35] the folded or pipelined rollout's envs."""
+    for name, module in agent.named_children():
+        if name in ("network", "value_network"):
+            if args.autocast == "bf16":
+                autocast_bf16(module)
+            if args.compile != "off":  # in place: the weights keep their names in checkpoints
+                module.compile(mode=args.compile)
+    if args.rollout != "plain":
+        envs.unwrapped.start_ahead(2 if args.rollout == "pipelined" else 1)
+        if test_envs is not None:
+            test_envs.unwrapped.start_ahead(1)
+
+
+# ── end speed options ──
+
+
 def preprocess(x):
     return x.permute((0, 3, 1, 2)) / 255.0  # "bhwc" -> "bchw", uint8 -> [0, 1]
 
@@ -513,14 +641,16 @@ class Agent(nn.Module):
         x = preprocess(x)
         return self.critic(self.value_network(x) if self.arch == "dual" else self.network(x))
 
-    def get_action_and_value(self, x, action=None):
+    def get_action_and_value(self, x, action=None, noise=None):
         x = preprocess(x)
         hidden = self.network(x)
         probs = Categorical(logits=self.actor(hidden), validate_args=False)  # its checks would wait for the GPU
         if action is None:
             # ── sampling without a host sync [34] ──: `probs.sample()`'s draw (torch.multinomial's exponential
-            # race: the same actions, seed for seed) without its validity checks, which wait for the GPU
-            action = (probs.probs / torch.empty_like(probs.probs).exponential_()).argmax(-1)
+            # race: the same actions, seed for seed) without its validity checks, which wait for the GPU; [35] `noise`
+            # drawn ahead by a folded rollout
+            noise = torch.empty_like(probs.probs).exponential_() if noise is None else noise
+            action = (probs.probs / noise).argmax(-1)
             # ── end sampling without a host sync ──
         return action, probs.log_prob(action), probs.entropy(), self.critic(self.value_hidden(x, hidden))
 
@@ -1263,13 +1393,10 @@ def train(args: Args):
     if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
         load_weights(agent, args.init_model, "init-model")
     # ── end RND ──
-    # ── bf16 autocast [31] ──
-    if args.autocast == "bf16":  # the encoders alone: bf16 heads would round logits and values before the ratio
-        for name, module in agent.named_children():
-            if name in ("network", "value_network"):
-                autocast_bf16(module)
+    # ── speed options [31], [35], [36] ──
+    speed_options(agent, envs, test_envs if args.eval_interval > 0 else None, args)
     agent = agent.to(device)
-    # ── end bf16 autocast ──
+    # ── end speed options ──
     # ── torchrun [30]: the same starting weights everywhere, but each process samples its own actions ──
     if args.world_size > 1:
         for p in agent.parameters():
@@ -1397,6 +1524,11 @@ def train(args: Args):
             # ── end separate auxiliary optimizer ──
 
         env_time = inference_time = 0.0  # [32] perf timers: where the time goes, logged as perf/*
+        # ── folded and pipelined rollouts [35] ──
+        eval_now = args.eval_interval > 0 and iteration % args.eval_interval == 0
+        folded = eval_now and args.rollout != "plain"
+        policy = RolloutPolicy(agent, envs, *((test_envs, test_obs) if folded else (None, None)), args, to_device)
+        # ── end folded and pipelined rollouts ──
         for step in range(0, args.num_steps):
             global_step += args.num_envs
             obs[step] = next_obs
@@ -1404,7 +1536,7 @@ def train(args: Args):
             # ALGO LOGIC: action logic
             tick = time.perf_counter()  # [32]
             with torch.no_grad():
-                action, logprob, _, value = agent.get_action_and_value(next_obs)
+                action, logprob, _, value = policy(next_obs)  # [35] agent.get_action_and_value, or folded
                 values[step] = value.flatten()
             actions[step] = action
             logprobs[step] = logprob
@@ -1413,6 +1545,7 @@ def train(args: Args):
             # TRY NOT TO MODIFY: execute the game and log data.
             tick = time.perf_counter()  # [32]
             next_obs, reward, terminations, truncations, infos = envs.step(action)
+            policy.step_test_envs()  # [35] a folded rollout's test envs
             env_time += time.perf_counter() - tick  # [32]
             rewards[step] = to_device("reward", reward).view(-1)
             next_obs = to_device("obs", next_obs)
@@ -1420,8 +1553,13 @@ def train(args: Args):
             log_episodes(episodes, infos, global_step, "")
             progress(f"{where}  rollout {step + 1}/{args.num_steps}")
 
+        # ── folded and pipelined rollouts [35] ──: the test envs' episodes, at the end, as the test loop logs them
+        if folded:
+            test_obs = policy.test_obs
+            episodes += [(tag, global_step, r, l) for tag, _, r, l in policy.test_episodes]
+        # ── end folded and pipelined rollouts ──
         eval_start = time.perf_counter()  # [32]
-        if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [11] held-out levels, the same policy
+        if eval_now and not folded:  # [11] held-out levels, the same policy (or [35] folded into the rollout)
             for _ in range(args.num_steps):
                 with torch.no_grad():
                     test_action = agent.get_action_and_value(test_obs)[0]
@@ -1766,6 +1904,8 @@ def check_args(args: Args) -> None:
         arg_error(
             "num-aux-rollouts", f"must divide among the {args.world_size} processes of torchrun", args.num_aux_rollouts
         )
+    if args.rollout == "pipelined" and args.local_num_envs % 2:  # [35] two halves
+        arg_error("rollout", "steps the envs in two halves: each process's --num-envs must be even", "pipelined")
     if args.prio_alpha > 0 and args.local_num_envs % args.num_minibatches:
         arg_error("prio-alpha", "samples whole env segments: each process's envs must be a multiple of "
                   "--num-minibatches", args.prio_alpha)  # fmt: skip

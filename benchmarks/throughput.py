@@ -13,8 +13,8 @@ It measures, on this machine and in this one run:
   (d) each speed option on and off, the configurations alternating within every repetition (A B C A B C) so
       that the drift of a shared machine falls on all of them alike;
   (e) the peak memory (resident set) of every run;
-  (f) with --suite host, what is not the network: each script's own rollout with the network replaced by one
-      learned feature vector (a policy that ignores the image, run through train()), beside procgen alone.
+  (f) with --suite host, what is not the network: each script's own train() with the network replaced by one
+      learned feature vector (a policy that ignores the image) and a one-minibatch update, beside procgen alone.
 Each configuration runs as its own process of the real script; figures are medians over the repetitions.
 Results go to RESULTS.md and throughput.png in --out: this folder by default, and with --quick its quick/
 subfolder (git-ignored), so that a check never overwrites the committed measurement.
@@ -50,16 +50,36 @@ OPTION_CONFIGS = [
     ("PPO --intrinsic-coef 0.5 (RND)", "ppo_procgen_full", ["--intrinsic-coef", "0.5"], {}),
 ]
 OPTION_SIZES = ["--num-envs", "16"]
+# the GPU suite: each speed option alone against the default, then all of them together, PPO and PPG (the GPU kit's)
+FAST = ["--no-torch-deterministic", "--autocast", "bf16", "--compile", "reduce-overhead", "--rollout", "pipelined"]
+GPU_CONFIGS = [
+    ("PPO default (--torch-deterministic)", "ppo_procgen_full", [], {}),
+    ("PPO --no-torch-deterministic", "ppo_procgen_full", ["--no-torch-deterministic"], {}),
+    ("PPO --autocast bf16", "ppo_procgen_full", ["--autocast", "bf16"], {}),
+    ("PPO --compile reduce-overhead", "ppo_procgen_full", ["--compile", "reduce-overhead"], {}),
+    ("PPO --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
+    ("PPO --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
+    ("PPO --env-threads 8", "ppo_procgen_full", ["--env-threads", "8"], {}),
+    ("PPO all of them", "ppo_procgen_full", [*FAST, "--env-threads", "8"], {}),
+    ("PPG default", "ppg_procgen_full", ["--n-iteration", "2", "--e-auxiliary", "1"], {}),
+    ("PPG all of them", "ppg_procgen_full", ["--n-iteration", "2", "--e-auxiliary", "1", *FAST, "--env-threads", "8"],
+     {}),
+]  # fmt: skip
 QUICK_SIZES = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
 QUICK_PPG = ["--num-aux-rollouts", "2"]
-# the host suite: each script's rollout at the default sizes, the network swapped for one linear layer; PPG closes
-# its phase after 2 iterations, which leaves the rollout as it is and the phase buffer at 1/16 of its 6 GiB
-# (name, script, flags, environment); OpenMP's idle threads spin by default, on the cores procgen's threads need
+# the host suite: each script's own train() at the default sizes, its network swapped for one learned feature vector
+# and its update cut to one minibatch, beside procgen alone on the same envs in the same process; PPG closes its phase
+# after its last timed iteration (name, script, flags, environment); OpenMP's idle threads spin by default
 HOST_CONFIGS = [
-    ("PPO, constant-feature network", "ppo_procgen_full", [], {}),
-    ("PPO, constant-feature network, OMP_WAIT_POLICY=PASSIVE", "ppo_procgen_full", [], {"OMP_WAIT_POLICY": "PASSIVE"}),
-    ("PPG, constant-feature network", "ppg_procgen_full", ["--n-iteration", "2"], {}),
-]
+    ("PPO lean (ppo_procgen.py)", "ppo_procgen", [], {}),
+    ("PPO full, --rollout plain", "ppo_procgen_full", [], {}),
+    ("PPO full, --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
+    ("PPO full, --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
+    ("PPO full, --rollout folded, OMP_WAIT_POLICY=PASSIVE", "ppo_procgen_full", ["--rollout", "folded"],
+     {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ("PPG full (policy phase), --rollout folded", "ppg_procgen_full", ["--rollout", "folded", "--n-iteration", "4"],
+     {}),
+]  # fmt: skip
 
 
 def ceiling(num_envs, steps, threads, reps):
@@ -102,14 +122,61 @@ def tiny_network(obs_shape, feature_dim, init_fn):
 
 
 def run_with_tiny_network(script, flags):
-    """The script's own train(), its network swapped for `tiny_network` (a child process of `run`)."""
+    """The script's own train(), its network swapped for `tiny_network` and each update epoch cut to its first
+    minibatch; then procgen alone, stepping the same training and test envs for the same steps with random actions.
+    A child process of `host_run`: prints a JSON line of the seconds of every iteration and of procgen alone's."""
     import importlib.util
+    import json
+
+    import tyro
 
     spec = importlib.util.spec_from_file_location(script, ROOT / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.impala_cnn = tiny_network
-    module.train(module.parse_args(flags))
+    indices = module.minibatch_indices
+    module.minibatch_indices = lambda *args: indices(*args)[:1]
+    seconds, report = [], module.report
+    module.report = lambda iteration, step, sps, took, *rest: seconds.append(took) or report(iteration, step, sps, took,
+                                                                                             *rest)  # fmt: skip
+    args = module.parse_args(flags) if hasattr(module, "parse_args") else tyro.cli(module.Args, args=flags)
+    module.train(args)
+    alone, rng = 0.0, np.random.default_rng(0)
+    for num_envs, seed, levels in ((args.num_envs, args.seed, args.num_levels), (args.num_eval_envs, args.seed + 1, 0)):
+        envs = module.ProcgenVecEnv(num_envs, seed, env_name=args.env_id, distribution_mode=args.distribution_mode,
+                                    num_levels=levels, start_level=args.start_level)  # fmt: skip
+        envs.reset()
+        actions = rng.integers(0, 15, (args.num_steps, num_envs))
+        start = time.perf_counter()
+        for a in actions:
+            envs.step(a)
+        alone += time.perf_counter() - start
+    print(json.dumps({"iterations": seconds, "alone": alone}))
+
+
+def host_run(script, flags, iterations, batch, workdir, device, env):
+    """One child process of `run_with_tiny_network`: the training steps per second of train()'s iterations after the
+    first (their median), procgen alone's, and the perf/* of the last iteration where the script logs them."""
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cmd = [sys.executable, __file__, "--tiny-network", script, "--total-timesteps", str(batch * iterations),
+           "--update-epochs", "1", "--device", device, "--exp-name", "bench", *flags]  # fmt: skip
+    if script.startswith("ppg"):  # PPG has no --update-epochs: one policy epoch is its default
+        cmd = [c for c in cmd if c not in ("--update-epochs", "1")] + ["--e-auxiliary", "1"]
+    with tempfile.TemporaryDirectory(dir=workdir) as cwd:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **env})
+        if proc.returncode != 0:
+            raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+        timed = json.loads(proc.stdout.strip().splitlines()[-1])
+        (run_dir,) = (Path(cwd) / "runs").iterdir()
+        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+        acc.Reload()
+        last = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
+    last["sps"] = batch / statistics.median(timed["iterations"][1:])
+    last["alone_sps"] = batch / timed["alone"]
+    return last
 
 
 def run(script, flags, iterations, batch, workdir, device="cpu", tiny=False, env=None):
@@ -157,10 +224,11 @@ def parse(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a check, not a measurement")
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every configuration (2; quick: 1)")
     parser.add_argument("--out", type=Path, default=None, help="where results go (this folder; quick: its quick/)")
-    parser.add_argument("--suite", choices=["speed", "options", "host"], default="speed",
+    parser.add_argument("--suite", choices=["speed", "options", "host", "gpu"], default="speed",
                         help="speed: the speed options at default sizes (RESULTS.md); options: V-trace, prioritised "
-                        "sampling and RND against plain PPO at 16 envs (OPTIONS.md); host: the rollout without "
-                        "the network, beside procgen alone (HOST.md)")  # fmt: skip
+                        "sampling and RND against plain PPO at 16 envs (OPTIONS.md); host: train() without the "
+                        "network, beside procgen alone (HOST.md); gpu: each GPU speed option alone and all together "
+                        "(GPU_SPEED.md), for --device cuda")  # fmt: skip
     parser.add_argument("--device", default="cpu", help="the scripts' --device: cpu, cuda, cuda:N")
     parser.add_argument("--only", nargs="+", default=None, metavar="TEXT",
                         help="only the configurations whose names contain one of these texts")  # fmt: skip
@@ -175,8 +243,10 @@ def main():
     if opts.suite == "host":
         return host_suite(opts)
     reps = opts.reps or (1 if opts.quick else 2)
-    configs = CONFIGS if opts.suite == "speed" else OPTION_CONFIGS
+    configs = {"speed": CONFIGS, "options": OPTION_CONFIGS, "gpu": GPU_CONFIGS}[opts.suite]
     configs = [c for c in configs if opts.only is None or any(text in c[0] for text in opts.only)]
+    if opts.quick and opts.suite == "gpu":  # compiling takes a minute or more on a CPU: a check leaves it out
+        configs = [c for c in configs if "--compile" not in c[2]]
     if not configs:
         raise SystemExit(f"throughput.py: error: --only {' '.join(opts.only)}: no configuration's name has it")
     sizes = QUICK_SIZES if opts.quick else (OPTION_SIZES if opts.suite == "options" else [])
@@ -200,48 +270,47 @@ def main():
 
 
 def host_suite(opts):
-    """HOST.md: the rollout's host side (the script's loop with a near-constant policy) against procgen alone."""
+    """HOST.md: each script's own train() with a constant-feature network and a one-minibatch update, beside procgen
+    alone on the same envs in the same process."""
     reps = opts.reps or (1 if opts.quick else 3)
     sizes = QUICK_SIZES if opts.quick else []
-    batch = 4 * 32 if opts.quick else 64 * 256
-    envs, steps = (8, 200) if opts.quick else (64, 2000)
+    batch, iterations = (4 * 32, 4) if opts.quick else (64 * 256, 4)
     opts.out.mkdir(parents=True, exist_ok=True)
-    ceilings = {threads: [] for threads in (1, 2, 4)}
-    results = {name: [] for name, *_ in HOST_CONFIGS}
+    configs = [c for c in HOST_CONFIGS if opts.only is None or any(text in c[0] for text in opts.only)]
+    results = {name: [] for name, *_ in configs}
     for rep in range(reps):  # alternating, so that a shared machine's drift falls on every row alike
-        for threads in ceilings:
-            ceilings[threads].append(ceiling(envs, steps, threads, 1))
-        for name, script, flags, env in HOST_CONFIGS:
+        for name, script, flags, env in configs:
             extra = sizes + (QUICK_PPG if opts.quick and script.startswith("ppg") else [])
-            results[name].append(run(script, [*flags, *extra], 2, batch, opts.out, opts.device, tiny=True, env=env))
-            print(f"rep {rep + 1}/{reps}  {name}: rollout {results[name][-1]['rollout_sps']:.0f} steps/s", flush=True)
-    med = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for name, rows in results.items()}
+            results[name].append(host_run(script, [*flags, *extra], iterations, batch, opts.out, opts.device, env))
+            r = results[name][-1]
+            print(f"rep {rep + 1}/{reps}  {name}: {r['sps']:.0f} steps/s, procgen alone {r['alone_sps']:.0f}, ratio "
+                  f"{r['sps'] / r['alone_sps']:.2f}", flush=True)  # fmt: skip
     cmd = "python benchmarks/throughput.py --suite host" + (" --quick" if opts.quick else "")
     cmd += (f" --reps {opts.reps}" if opts.reps else "") + (f" --device {opts.device}" if opts.device != "cpu" else "")
+    cmd += " --only " + " ".join(f'"{text}"' for text in opts.only) if opts.only else ""
     lines = [
-        "# The host side's ceiling" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else ""),
+        "# The host side against the games" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else ""),
         "",
         f"Machine: {machine(opts.device)}.  ",
         f"Command: `{cmd}`, {time.strftime('%Y-%m-%d')}. Medians over {reps} repetition(s), the rows alternating.",
-        f"Each script's own `train()` at {'tiny' if opts.quick else 'the default'} sizes (a batch of {batch} steps),",
-        "its IMPALA CNN replaced by one learned feature vector (the policy ignores the image): what is left is what",
-        "a faster network cannot remove. The rollout is the training envs' loop (stepping, the heads' inference and",
-        "the images' conversion, storage, episode bookkeeping), with procgen's 4 threads (`--env-threads`):",
-        "the iteration less the test envs (eval) and the update, as the script logs them (`perf/*`), of the second",
-        "iteration.",
+        f"Each script's own `train()` at {'tiny' if opts.quick else 'the default'} sizes (a batch of {batch} steps,",
+        "the test envs every iteration), its IMPALA CNN replaced by one learned feature vector (the policy ignores",
+        "the image) and each update epoch cut to its first minibatch: what is left is what a faster network cannot",
+        "remove.",
+        "Training steps per second over whole iterations, the first left out; then, in the same process, procgen alone",
+        "stepping the same training and test envs for the same steps with random actions; the ratio of the two in",
+        "each repetition. The parts are the last iteration's, as the full files log them (`perf/*`).",
         "",
-        "| configuration | rollout steps/s | env s | inference s | eval s | update s |",
-        "|---|---|---|---|---|---|",
+        "| configuration | training steps/s | procgen alone steps/s | ratio | env s | inference s | eval s | update s "
+        "|",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    lines += [
-        f"| procgen alone, {envs} envs, {threads} thread(s), random actions | {statistics.median(v):.0f} | | | | |"
-        for threads, v in ceilings.items()
-    ]
-    for name, m in med.items():
-        lines.append(
-            f"| {name} | {m['rollout_sps']:.0f} | {m['perf/env_seconds']:.2f} | {m['perf/inference_seconds']:.2f} | "
-            f"{m['perf/eval_seconds']:.2f} | {m['perf/update_seconds']:.2f} |"
-        )
+    for name, rows in results.items():
+        med = {key: statistics.median(r.get(key, float("nan")) for r in rows) for key in rows[0]}
+        ratio = statistics.median(r["sps"] / r["alone_sps"] for r in rows)
+        parts = [f"{med[f'perf/{part}_seconds']:.2f}" if f"perf/{part}_seconds" in med else ""
+                 for part in ("env", "inference", "eval", "update")]  # fmt: skip
+        lines.append(f"| {name} | {med['sps']:.0f} | {med['alone_sps']:.0f} | {ratio:.2f} | {' | '.join(parts)} |")
     (opts.out / "HOST.md").write_text("\n".join([*lines, ""]))
     print(f"wrote {opts.out / 'HOST.md'}")
 
@@ -287,10 +356,14 @@ def write_results(opts, configs, results, done, reps, ceilings, envs, batch):
             f"{aux} | {m['peak_rss_gib']:.2f} |"
         )
     lines += ["", "![throughput](throughput.png)", ""]
-    if opts.suite == "options":
-        lines[0] = "# The cost of the options" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else "")
-        (opts.out / "OPTIONS.md").write_text("\n".join(lines[:-2]))  # no chart
-        print(f"wrote {opts.out / 'OPTIONS.md'}")
+    if opts.suite in ("options", "gpu"):
+        title, name = {
+            "options": ("The cost of the options", "OPTIONS.md"),
+            "gpu": ("The GPU's speed options", "GPU_SPEED.md"),
+        }[opts.suite]
+        lines[0] = f"# {title}" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else "")
+        (opts.out / name).write_text("\n".join(lines[:-2]))  # no chart
+        print(f"wrote {opts.out / name}")
         return
     (opts.out / "RESULTS.md").write_text("\n".join(lines))
 

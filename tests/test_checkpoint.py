@@ -89,9 +89,7 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
 ANNEAL = ["--anneal-lr"]
 
 
-@pytest.mark.parametrize(
-    "extra", [[], ANNEAL, [*SEPARATE, *ANNEAL]], ids=["shared", "shared-anneal-lr", "separate-anneal-lr"]
-)
+@pytest.mark.parametrize("extra", [ANNEAL, [*SEPARATE, *ANNEAL]], ids=["shared-anneal-lr", "separate-anneal-lr"])
 def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_from_that_epoch(tmp_path, monkeypatch, capsys, extra):
     """A signal in the second of three auxiliary epochs writes `iter_N.aux002.pt` (the phase buffer, the old logits,
     the losses so far, the random states, a separate auxiliary Adam); the resumed run skips the epochs done, logs

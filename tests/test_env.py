@@ -105,7 +105,7 @@ def other_python(version="3.13"):
     return None
 
 
-def test_python_313_package_steps_like_this_pythons(request):
+def test_python_313_package_steps_like_this_pythons(request, tmp_path_factory):
     """procgen-gym (Python 3.13, numpy 2) against this Python's procgen package: same seed and actions, the same
     observations, rewards, episode ends and game states, bit for bit. Its venv holds the env package and numpy."""
     python = other_python()
@@ -113,7 +113,8 @@ def test_python_313_package_steps_like_this_pythons(request):
         pytest.skip("no Python 3.13 on this machine (PATH or pyenv)")
     if sys.version_info[:2] == (3, 13):
         pytest.skip("this Python is 3.13 already: there is no second package to compare with")
-    venv = Path(request.config.cache.mkdir("py313-procgen-gym"))
+    cache = getattr(request.config, "cache", None)  # none with `-p no:cacheprovider` (tests/mutate.py runs so)
+    venv = Path(cache.mkdir("py313-procgen-gym") if cache else tmp_path_factory.mktemp("py313-procgen-gym"))
     venv_python = venv / "bin" / "python"
     if not venv_python.exists() or subprocess.run([venv_python, "-c", "import procgen_gym"]).returncode != 0:
         subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)

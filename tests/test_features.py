@@ -244,3 +244,47 @@ def test_under_torchrun_each_process_plays_its_own_levels_and_every_episode_is_l
     # the process group is gone with its gloo threads, which would otherwise be torn down with Python and may abort
     # the process (exit status -6, and torchrun restarts a finished job)
     assert not [t for rank in ranks for t in rank["threads"] if "gloo" in t], [rank["threads"] for rank in ranks]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp_path, monkeypatch):
+    """On procgen's own games (bigfish, whose episodes end and draw new levels within the run): the test envs folded
+    into the rollout's forward pass, and the training envs stepped in two halves, log every loss, return and test
+    return of the plain rollout, bit for bit; and they did step ahead of `envs.step` (the test envs every step, the
+    first half of the training envs too when pipelined)."""
+    script = load_script(name)
+    started, act_ahead = [], script.AheadSteps.act_ahead
+    monkeypatch.setattr(script.AheadSteps, "act_ahead", lambda self, a, part=None: started.append((len(a), part))
+                        or act_ahead(self, a, part))  # fmt: skip
+    flags = ["--env-id", "bigfish", "--num-envs", "8", "--num-steps", "64", "--total-timesteps", "1024",
+             "--num-minibatches", "2", "--num-eval-envs", "4", "--device", "cpu",
+             *(PPG[:-2] + ["--e-auxiliary", "2"] if is_ppg(name) else [])]  # fmt: skip
+    logged = {}
+    for rollout in ("plain", "folded", "pipelined") if not is_ppg(name) else ("plain", "pipelined"):  # PPG: its share
+        started.clear()
+        (tmp_path / rollout).mkdir()
+        monkeypatch.chdir(tmp_path / rollout)
+        run_name = script.train(script.parse_args([*flags, "--rollout", rollout]))
+        scalars = read_scalars(tmp_path / rollout / "runs" / run_name)
+        logged[rollout] = {tag: rows for tag, rows in scalars.items() if tag.startswith(("losses/", "charts/episodic",
+                                                                                         "charts/test"))}  # fmt: skip
+        test_starts, half_starts = started.count((4, None)), started.count((4, 0))
+        assert (test_starts, half_starts) == {"plain": (0, 0), "folded": (128, 0), "pipelined": (128, 128)}[rollout]
+    assert logged["plain"]["charts/episodic_return"] and logged["plain"]["charts/test_episodic_return"]
+    assert all(logs == logged["plain"] for logs in logged.values())
+
+
+def test_compiled_encoders_log_the_losses_of_the_eager_ones(tmp_path, monkeypatch):
+    """`--compile default` on the CPU (the GPU's `reduce-overhead` adds CUDA graphs to the same compiled code): the
+    losses within fp32's tolerance of an uncompiled run's."""
+    script = load_script("ppo_procgen_full")
+    logged = {}
+    for mode in ("off", "default"):
+        (tmp_path / mode).mkdir()
+        monkeypatch.chdir(tmp_path / mode)
+        flags = [*SMALL, "--eval-interval", "0", "--compile", mode]
+        scalars = read_scalars(tmp_path / mode / "runs" / script.train(script.parse_args(flags)))
+        logged[mode] = {tag: [v for _, v in rows] for tag, rows in scalars.items() if tag.startswith("losses/")}
+    assert logged["off"]["losses/approx_kl"][-1] > 0
+    for tag, values in logged["off"].items():
+        np.testing.assert_allclose(logged["default"][tag], values, rtol=1e-4, atol=1e-6, err_msg=tag)

@@ -11,8 +11,9 @@ from conftest import ROOT, load_script, read_scalars, smoke_args
 # lean file -> its full file, and the pairs whose diff must stay small: (old, new)
 TIERS = {"ppo_procgen": "ppo_procgen_full", "ppg_procgen": "ppg_procgen_full"}
 DIFFS = [("ppo_procgen", "ppo_procgen_full"), ("ppg_procgen", "ppg_procgen_full"), ("ppo_procgen", "ppg_procgen")]
-MAX_CHANGED = 48  # lines of the first file that the second removes or changes (40 before the lean files said what
-# the algorithm does: the full files now pay for V-trace's per-epoch advantages, resume's counters and their signals)
+MAX_CHANGED = 52  # lines of the first file that the second removes or changes (40 before the lean files said what
+# the algorithm does: the full files now pay for V-trace's per-epoch advantages, resume's counters and their signals;
+# 48 before the folded and pipelined rollouts: the policy step, its noise argument and the test loop's condition)
 
 
 def changed_lines(old, new):

@@ -1,0 +1,107 @@
+"""The GPU kit: on a machine with an NVIDIA GPU, in one command (meant to end within 10 minutes on one H100), the checks
+and the figures that a CPU cannot give, gathered in GPU.md with the GPU, torch and the commands named:
+
+    python benchmarks/gpu.py            # the CUDA tests, the speed options on cuda, the host side, the host-sync check
+    python benchmarks/gpu.py --quick    # the same steps at tiny sizes on the CPU: checks that the kit runs
+
+The steps, each timed, each one's output kept beside GPU.md:
+  1. the CUDA tests: `python -m pytest -k "cuda or gpu"`;
+  2. `throughput.py --suite gpu --device cuda`: the default PPO and PPG beside each speed option alone
+     (`--no-torch-deterministic`, `--autocast bf16`, `--compile reduce-overhead`, `--rollout folded`, `pipelined`,
+     `--env-threads 8`) and all of them together, from which the GPU defaults are to be decided;
+  3. `throughput.py --suite host --device cuda`: each script's loop without the network, beside procgen alone;
+  4. `python -m pytest tests/test_host_syncs.py -k cuda`: no host-device sync between two minibatches.
+A failing step is reported and the kit goes on with the next; it exits 1 if any failed.
+"""
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+
+
+def steps(opts):
+    """(title, command, the table it writes or None): what the kit runs, in order. A check on a CPU (`--quick`) runs
+    one test file's CUDA cases (skipped there) and two rows of the speed table."""
+    bench = [
+        sys.executable,
+        str(HERE / "throughput.py"),
+        "--device",
+        opts.device,
+        "--out",
+        str(opts.out),
+        "--reps",
+        "1",
+    ]
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    quick = ["--quick"] if opts.quick else []
+    tests = ["tests/test_smoke.py"] if opts.quick else []
+    rows = ["--only", "PPO default", "PPO --rollout pipelined"] if opts.quick else []
+    return [
+        ("CUDA tests", [*pytest, *tests, "-k", "cuda or gpu"], None),
+        ("Speed options", [*bench, "--suite", "gpu", *quick, *rows], "GPU_SPEED.md"),
+        ("Host side", [*bench, "--suite", "host", *quick], "HOST.md"),
+        ("Host-device syncs", [*pytest, "tests/test_host_syncs.py", "-k", "cuda"], None),
+    ]
+
+
+def gpu_name(device):
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(torch.device(device))}, CUDA {torch.version.cuda}"
+    return f"no GPU: {platform.processor() or platform.machine()} CPU"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes on the CPU: checks that the kit runs")
+    parser.add_argument("--out", type=Path, default=None, help="where GPU.md and the tables go (gpu/; quick: quick/)")
+    parser.add_argument("--skip", nargs="*", default=[], metavar="TITLE", help="steps to leave out, by title")
+    opts = parser.parse_args()
+    opts.device = "cpu" if opts.quick else "cuda"
+    opts.out = (opts.out or HERE / ("quick" if opts.quick else "gpu")).resolve()
+    opts.out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    lines = [
+        "# The GPU kit" + (" (quick mode: tiny sizes on the CPU, not a measurement)" if opts.quick else ""),
+        "",
+        f"Device: {gpu_name(opts.device)}; {os.cpu_count()} CPU cores; Python {platform.python_version()}, torch "
+        f"{torch.__version__}. Command: `python benchmarks/gpu.py{' --quick' if opts.quick else ''}`, "
+        f"{time.strftime('%Y-%m-%d')}.",
+        "",
+    ]
+    failed = []
+    for title, cmd, table in steps(opts):
+        if title in opts.skip:
+            continue
+        start = time.time()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+        seconds = time.time() - start
+        log = opts.out / f"{title.lower().replace(' ', '_').replace('-', '_')}.log"
+        log.write_text(proc.stdout + proc.stderr)
+        ok = proc.returncode == 0 or (cmd[1:3] == ["-m", "pytest"] and proc.returncode == 5)  # 5: all deselected
+        failed += [] if ok else [title]
+        summary = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
+        print(
+            f"{title}: {'ok' if ok else f'FAILED (exit {proc.returncode})'} in {seconds:.0f} s: {summary}", flush=True
+        )
+        lines += [f"## {title}", "", f"`{' '.join(Path(c).name if c.startswith('/') else c for c in cmd)}`: "
+                  f"{'ok' if ok else f'failed, exit {proc.returncode}'}, {seconds:.0f} s; `{summary}`", ""]  # fmt: skip
+        if table and (opts.out / table).exists():
+            lines += [line for line in (opts.out / table).read_text().splitlines()[2:]] + [""]
+    (opts.out / "GPU.md").write_text("\n".join(lines))
+    print(f"wrote {opts.out / 'GPU.md'}")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
