@@ -328,6 +328,7 @@ class AheadSteps:
             self.set_state(whole.get_state())
 
     def act_ahead(self, actions, part=None):
+        """Start the step of one part (`actions` are its own) or of all of them, and return at once."""
         for k in range(len(self.parts)) if part is None else [part]:
             self.parts[k].act(actions if part is not None else actions[k * self.size : (k + 1) * self.size])
             self.started[k] = True

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 
 def steps(opts):
     """(title, command, the table it writes or None): what the kit runs, in order. A check on a CPU (`--quick`) runs
-    one test file's CUDA cases (skipped there) and two rows of the speed table."""
+    one test file's CUDA cases (skipped there) and two rows of each table."""
     bench = [
         sys.executable,
         str(HERE / "throughput.py"),
@@ -43,10 +43,11 @@ def steps(opts):
     quick = ["--quick"] if opts.quick else []
     tests = ["tests/test_smoke.py"] if opts.quick else []
     rows = ["--only", "PPO default", "PPO --rollout pipelined"] if opts.quick else []
+    host_rows = ["--only", "PPO lean", "PPO full, --rollout pipelined"] if opts.quick else []
     return [
         ("CUDA tests", [*pytest, *tests, "-k", "cuda or gpu"], None),
         ("Speed options", [*bench, "--suite", "gpu", *quick, *rows], "GPU_SPEED.md"),
-        ("Host side", [*bench, "--suite", "host", *quick], "HOST.md"),
+        ("Host side", [*bench, "--suite", "host", *quick, *host_rows], "HOST.md"),
         ("Host-device syncs", [*pytest, "tests/test_host_syncs.py", "-k", "cuda"], None),
     ]
 

@@ -40,6 +40,9 @@ CONFIGS = [
     ("PPO fp32, glibc defaults", "ppo_procgen_full", ["--no-tune-malloc"], {}),
     ("PPO fp32 (default)", "ppo_procgen_full", [], {}),
     ("PPO fp32, OMP_WAIT_POLICY=PASSIVE", "ppo_procgen_full", [], {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ("PPO fp32, --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
+    ("PPO fp32, --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
+    ("PPO fp32, --compile default", "ppo_procgen_full", ["--compile", "default"], {}),
     ("PPG dual (default)", "ppg_procgen_full", ["--n-iteration", "2", "--e-auxiliary", "1"], {}),
 ]
 # the cost of the options against plain PPO, at a quarter of the default batch (16 envs x 256 steps, 8 minibatches)
@@ -204,6 +207,78 @@ def run(script, flags, iterations, batch, workdir, device="cpu", tiny=False, env
     return last
 
 
+# the CleanRL suite: CleanRL's own ppo_procgen.py, unmodified (given by path, with a Python that has its packages:
+# gym 0.23, procgen, tyro), beside ours at the same sizes; each row's iterations timed alike, from its event files
+OURS_BESIDE_CLEANRL = [
+    ("ours: ppo_procgen.py (lean), fp32, no test envs (as CleanRL)", "ppo_procgen", ["--eval-interval", "0"]),
+    ("ours: ppo_procgen.py (lean), fp32", "ppo_procgen", []),
+    ("ours: ppo_procgen_full.py --rollout folded, fp32", "ppo_procgen_full", ["--rollout", "folded"]),
+    ("ours: ppo_procgen_full.py --autocast bf16", "ppo_procgen_full", ["--autocast", "bf16"]),
+]
+
+
+def iteration_seconds(cmd, workdir, iterations):
+    """Run `cmd` (a script that logs `losses/value_loss` once per iteration to runs/*), and return the seconds
+    between the events of its last two iterations: one iteration after the others' warm-up, timed the same way
+    for any script that logs CleanRL's tags."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with tempfile.TemporaryDirectory(dir=workdir) as cwd:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+        (run_dir,) = (Path(cwd) / "runs").iterdir()
+        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+        acc.Reload()
+        times = [e.wall_time for e in acc.Scalars("losses/value_loss")]
+    assert len(times) == iterations, (cmd, times)
+    return times[-1] - times[-2]
+
+
+def cleanrl_suite(opts):
+    """SPEED.md's side-by-side rows: CleanRL's ppo_procgen.py against ours, the rows alternating in every repetition."""
+    if opts.cleanrl is None:
+        raise SystemExit("throughput.py: error: --suite cleanrl needs --cleanrl PATH (CleanRL's ppo_procgen.py)")
+    reps = opts.reps or (1 if opts.quick else 3)
+    sizes = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"] if opts.quick else []
+    batch, iterations = (4 * 32, 3) if opts.quick else (64 * 256, 2)
+    steps = ["--total-timesteps", str(batch * iterations), *sizes]
+    python = opts.cleanrl_python or sys.executable
+    rows = [("CleanRL's ppo_procgen.py, unmodified", [python, str(opts.cleanrl.resolve()), *steps])]
+    rows += [(name, [sys.executable, str(ROOT / f"{script}.py"), *steps, "--device", opts.device, *flags])
+             for name, script, flags in OURS_BESIDE_CLEANRL]  # fmt: skip
+    if opts.device.startswith("cuda"):  # CleanRL takes the GPU when there is one
+        rows[0][1].append("--cuda")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    results = {name: [] for name, _ in rows}
+    for rep in range(reps):
+        for name, cmd in rows:
+            results[name].append(iteration_seconds(cmd, opts.out, iterations))
+            print(f"rep {rep + 1}/{reps}  {name}: {results[name][-1]:.1f} s per iteration", flush=True)
+    base = statistics.median(results[rows[0][0]])
+    cmd = "python benchmarks/throughput.py --suite cleanrl --cleanrl PATH" + (" --quick" if opts.quick else "")
+    cmd += (f" --reps {opts.reps}" if opts.reps else "") + (f" --device {opts.device}" if opts.device != "cpu" else "")
+    lines = [
+        "# Beside CleanRL" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else ""),
+        "",
+        f"Machine: {machine(opts.device)}.  ",
+        f"Command: `{cmd}`, {time.strftime('%Y-%m-%d')}, PATH being CleanRL's `cleanrl/ppo_procgen.py`, run with a",
+        "Python that has its packages (gym 0.23.1, procgen, tyro). Seconds of one iteration of "
+        f"{batch} steps after {iterations - 1} warm-up iteration(s), from the wall times of each run's",
+        "`losses/value_loss` events (so every row is timed alike, CleanRL's too); medians over "
+        f"{reps} repetition(s), the rows alternating; the speedup against CleanRL's median.",
+        "",
+        "| configuration | s per iteration (median) | all repetitions | steps/s | vs CleanRL |",
+        "|---|---|---|---|---|",
+    ]
+    for name, seconds in results.items():
+        med = statistics.median(seconds)
+        lines.append(f"| {name} | {med:.1f} | {', '.join(f'{s:.1f}' for s in seconds)} | {batch / med:.0f} | "
+                     f"{base / med:.2f}x |")  # fmt: skip
+    (opts.out / "CLEANRL.md").write_text("\n".join([*lines, ""]))
+    print(f"wrote {opts.out / 'CLEANRL.md'}")
+
+
 def machine(device="cpu"):
     model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
     import torch
@@ -224,11 +299,14 @@ def parse(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a check, not a measurement")
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every configuration (2; quick: 1)")
     parser.add_argument("--out", type=Path, default=None, help="where results go (this folder; quick: its quick/)")
-    parser.add_argument("--suite", choices=["speed", "options", "host", "gpu"], default="speed",
+    parser.add_argument("--suite", choices=["speed", "options", "host", "gpu", "cleanrl"], default="speed",
                         help="speed: the speed options at default sizes (RESULTS.md); options: V-trace, prioritised "
                         "sampling and RND against plain PPO at 16 envs (OPTIONS.md); host: train() without the "
                         "network, beside procgen alone (HOST.md); gpu: each GPU speed option alone and all together "
-                        "(GPU_SPEED.md), for --device cuda")  # fmt: skip
+                        "(GPU_SPEED.md), for --device cuda; cleanrl: CleanRL's ppo_procgen.py beside ours "
+                        "(CLEANRL.md)")  # fmt: skip
+    parser.add_argument("--cleanrl", type=Path, default=None, help="CleanRL's ppo_procgen.py, for --suite cleanrl")
+    parser.add_argument("--cleanrl-python", default=None, help="a Python with CleanRL's packages (default: this one)")
     parser.add_argument("--device", default="cpu", help="the scripts' --device: cpu, cuda, cuda:N")
     parser.add_argument("--only", nargs="+", default=None, metavar="TEXT",
                         help="only the configurations whose names contain one of these texts")  # fmt: skip
@@ -242,10 +320,12 @@ def main():
     opts.out = (opts.out or default_out(opts.quick)).resolve()
     if opts.suite == "host":
         return host_suite(opts)
+    if opts.suite == "cleanrl":
+        return cleanrl_suite(opts)
     reps = opts.reps or (1 if opts.quick else 2)
     configs = {"speed": CONFIGS, "options": OPTION_CONFIGS, "gpu": GPU_CONFIGS}[opts.suite]
     configs = [c for c in configs if opts.only is None or any(text in c[0] for text in opts.only)]
-    if opts.quick and opts.suite == "gpu":  # compiling takes a minute or more on a CPU: a check leaves it out
+    if opts.quick:  # compiling takes a minute or more on a CPU: a check leaves it out
         configs = [c for c in configs if "--compile" not in c[2]]
     if not configs:
         raise SystemExit(f"throughput.py: error: --only {' '.join(opts.only)}: no configuration's name has it")

@@ -20,7 +20,7 @@ def test_throughput_quick_writes_a_table_and_a_chart(tmp_path):
     text = (tmp_path / "RESULTS.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| configuration")]
     names = [row.split("|")[1].strip() for row in rows]
-    assert names == [config[0] for config in __import__("throughput").CONFIGS]
+    assert names == [config[0] for config in __import__("throughput").CONFIGS if "--compile" not in config[2]]
     for row in rows:  # steps/s, ratio, env, inference, eval, update: positive numbers
         cells = [c.strip() for c in row.split("|")[2:-1]]
         assert float(cells[0]) > 0 and re.fullmatch(r"\d+\.\d\dx", cells[1])
@@ -31,8 +31,9 @@ def test_throughput_quick_writes_a_table_and_a_chart(tmp_path):
 
 
 def test_the_gpu_kit_runs_every_step_in_quick_mode(tmp_path):
-    """The GPU kit on a CPU (`--quick`): its four steps run, GPU.md gathers them, and the host suite's table has
-    every configuration, each with its training steps/s, procgen alone's and their ratio."""
+    """The GPU kit on a CPU (`--quick`): its four steps run, GPU.md gathers them, and the host suite's table has the
+    rows asked for (the lean file's and a full file's), each with its training steps/s, procgen alone's and their
+    ratio, and the parts where the script logs them."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -43,8 +44,7 @@ def test_the_gpu_kit_runs_every_step_in_quick_mode(tmp_path):
     assert [row.split("|")[1].strip() for row in speed[:2]] == ["PPO default (--torch-deterministic)",
                                                                 "PPO --rollout pipelined"]  # fmt: skip
     rows = [line.split("|")[1:-1] for line in (tmp_path / "HOST.md").read_text().splitlines() if line.startswith("| ")]
-    host = __import__("throughput").HOST_CONFIGS
-    assert [row[0].strip() for row in rows[1:]] == [config[0] for config in host]
+    assert [row[0].strip() for row in rows[1:]] == ["PPO lean (ppo_procgen.py)", "PPO full, --rollout pipelined"]
     for row in rows[1:]:  # training steps/s, procgen alone's, their ratio; the parts, where the script logs them
         assert float(row[1]) > 0 and float(row[2]) > 0 and 0 < float(row[3]) < 2, row
         assert all(float(c) >= 0 for c in row[4:8]) if "full" in row[0] else not "".join(row[4:8]).strip(), row

@@ -146,8 +146,9 @@ def test_an_unwritable_output_directory_is_one_line(tmp_path, monkeypatch, capsy
 def test_two_runs_started_in_the_same_second_get_a_directory_each(tmp_path, name):
     """Two identical runs at once, named after the same second: each gets its own run directory (the second with
     `_2`), says so, and keeps its own events and checkpoints there; none of them is shared."""
-    flags = [*smoke_args(name), "--device", "cpu", "--eval-interval", "0"]
+    flags = [*smoke_args(name), "--device", "cpu", "--eval-interval", "0", "--total-timesteps", "128"]  # 1 iteration
     flags += ["--checkpoint-interval", "1"] if name in FULL.values() else []
+    flags += ["--n-iteration", "1"] if "ppg" in name else []  # a phase of that one iteration
     cmd = [sys.executable, str(ROOT / "tests" / "fixed_clock.py"), name, *flags]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]  # fmt: skip
@@ -160,7 +161,7 @@ def test_two_runs_started_in_the_same_second_get_a_directory_each(tmp_path, name
     assert said == [d.name for d in run_dirs]
     for run_dir in run_dirs:
         assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
-        assert [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]] == [128, 256]  # one run's, once
+        assert [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]] == [128]  # one run's, once
         for ckpt in run_dir.glob("checkpoints/*.pt"):  # a resume of it continues this directory
             assert torch.load(ckpt, weights_only=False)["run_name"] == run_dir.name
     if name in FULL.values():

@@ -119,10 +119,11 @@ def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
-def test_torchrun_without_a_run_id_names_each_run_apart(name, monkeypatch):
+def test_torchrun_without_a_run_id_names_each_run_apart(name, monkeypatch, tmp_path):
     """torchrun without --rdzv-id or --standalone sets TORCHELASTIC_RUN_ID to "none": that must not become the run's
     name, or two runs share a directory and one's checkpoint rotation deletes the other's checkpoints."""
     script = load_script(name)
+    monkeypatch.chdir(tmp_path)  # join_processes makes the run's directory
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     args = script.parse_args([*smoke_args(name), "--device", "cpu"])
     script.check_args(args)
