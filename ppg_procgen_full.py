@@ -593,10 +593,15 @@ def autocast_bf16(module):
 # ── end bf16 autocast ──
 
 
-# ── speed options [31], [35], [36] ──
-def speed_options(agent, envs, test_envs, args: Args):
-    """bf16 autocast [31] and torch.compile [36] of the encoders alone (bf16 heads would round logits and values before
-    the ratio; the heads are one small layer each), and [35] the folded or pipelined rollout's envs."""
+# ── the agent's options [31], [33], [35], [36] ──
+def agent_options(agent, envs, test_envs, args: Args):
+    """RND [33] and the weights to start from; bf16 autocast [31] and torch.compile [36] of the encoders alone (bf16
+    heads would round logits and values before the ratio; the heads are one small layer each); and [35] the folded
+    or pipelined rollout's envs."""
+    if args.intrinsic_coef > 0:
+        agent.rnd = RND(args.local_num_envs, args.gamma, args.world_size)
+    if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
+        load_weights(agent, args.init_model, "init-model")
     for name, module in agent.named_children():
         if name in ("network", "value_network"):
             if args.autocast == "bf16":
@@ -609,7 +614,7 @@ def speed_options(agent, envs, test_envs, args: Args):
             test_envs.unwrapped.start_ahead(1)
 
 
-# ── end speed options ──
+# ── end the agent's options ──
 
 
 def preprocess(x):
@@ -890,6 +895,18 @@ def gather_objects(obj, world_size, everywhere=True):
     else:
         dist.gather_object(obj, out, dst=0)
     return out
+
+
+def leave_processes(agent, writer, global_step, args: Args):
+    """At the end of a run under torchrun: log the largest difference between any process's weights and rank 0's
+    (0 when all is well), and leave the process group."""
+    if args.world_size > 1:
+        flat = torch.nn.utils.parameters_to_vector(agent.parameters()).detach()
+        reference = flat.clone()
+        dist.broadcast(reference, src=0)
+        max_diff = rank_reduce([(flat - reference).abs().max().item()], args.world_size, mean=False)[0]
+        writer.add_scalar("charts/ranks_max_param_diff", max_diff, global_step)
+        dist.destroy_process_group()
 
 
 class NullWriter:
@@ -1388,16 +1405,10 @@ def train(args: Args):
 
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n, args.feature_dim, args.init_fn,
                   args.arch, args.hidden_dim)  # fmt: skip
-    # ── RND [33] ──
-    if args.intrinsic_coef > 0:
-        agent.rnd = RND(args.local_num_envs, args.gamma, args.world_size)
-    if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
-        load_weights(agent, args.init_model, "init-model")
-    # ── end RND ──
-    # ── speed options [31], [35], [36] ──
-    speed_options(agent, envs, test_envs if args.eval_interval > 0 else None, args)
+    # ── the agent's options [31], [33], [35], [36] ──
+    agent_options(agent, envs, test_envs if args.eval_interval > 0 else None, args)
     agent = agent.to(device)
-    # ── end speed options ──
+    # ── end the agent's options ──
     # ── torchrun [30]: the same starting weights everywhere, but each process samples its own actions ──
     if args.world_size > 1:
         for p in agent.parameters():
@@ -1719,13 +1730,7 @@ def train(args: Args):
         # ── end checkpoints ──
 
     # ── torchrun [30]: a last check that every process ended with the same weights ──
-    if args.world_size > 1:
-        flat = torch.nn.utils.parameters_to_vector(agent.parameters()).detach()
-        reference = flat.clone()
-        dist.broadcast(reference, src=0)
-        max_diff = rank_reduce([(flat - reference).abs().max().item()], args.world_size, mean=False)[0]
-        writer.add_scalar("charts/ranks_max_param_diff", max_diff, global_step)
-        dist.destroy_process_group()
+    leave_processes(agent, writer, global_step, args)
     # ── end torchrun ──
 
     envs.close()
