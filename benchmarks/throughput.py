@@ -1,6 +1,6 @@
 """Throughput of the scripts against procgen's own ceiling, side by side in one run.
 
-    python benchmarks/throughput.py            # default sizes: about 35 minutes on 2 CPU cores (2 reps)
+    python benchmarks/throughput.py            # default sizes, 2 reps: 35 minutes on 2 CPU cores for 4 rows (now 7)
     python benchmarks/throughput.py --quick    # tiny sizes, under a minute: checks that the benchmark works
     python benchmarks/throughput.py --device cuda          # the same on a GPU
     python benchmarks/throughput.py --suite host           # the host side's ceiling (HOST.md): a few minutes

@@ -15,6 +15,8 @@ DOCUMENTED = [
     "README.md",
     "DETAILS.md",
     "FEATURES.md",
+    "benchmarks/LEARNING.md",
+    "benchmarks/SPEED.md",
     *(f"{name}.py" for name in SCRIPTS),
     "benchmarks/learning.py",
     "benchmarks/throughput.py",
@@ -95,3 +97,47 @@ def test_the_error_lines_the_docs_quote_are_the_ones_the_scripts_print():
     for line, name, flag, value in quoted:
         status, lines = outcome(load_script(name), [*smoke_args(name), "--device", "cpu", flag, value])
         assert status == 2 and lines == [line], (line, lines)
+
+
+README_LINES = 200  # a landing page: what it is, how to run it, what it achieves; the rest is linked
+
+
+def slug(heading):
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def broken_links(path):
+    """The relative links of a Markdown file that lead to no file, or to no heading of the file they name."""
+    text, broken = (ROOT / path).read_text(), []
+    for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"```.*?```", "", text, flags=re.S)):
+        if re.match(r"[a-z]+://|mailto:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (ROOT / path).parent / file if file else ROOT / path
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and linked.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.M)
+            broken += [] if anchor in map(slug, headings) else [target]
+    return broken
+
+
+def test_the_readme_is_a_landing_page_whose_links_lead_somewhere():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_LINES, f"README.md has {len(lines)} lines; at most {README_LINES}"
+    for path in [
+        "README.md",
+        "DETAILS.md",
+        "FEATURES.md",
+        *(p.relative_to(ROOT) for p in ROOT.glob("benchmarks/*.md")),
+    ]:
+        assert broken_links(path) == [], path
+
+
+def test_a_broken_link_or_anchor_is_found(tmp_path, monkeypatch):
+    """The check itself, on a page of its own: a missing file and a missing heading are found, good links are not."""
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "a.md").write_text("# A page\n## Speed options\n")
+    (tmp_path / "b.md").write_text("[ok](a.md#speed-options) [file](gone.md) [anchor](a.md#nothing) [web](https://x.y)")
+    assert broken_links("b.md") == ["gone.md", "a.md#nothing"]
