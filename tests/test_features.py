@@ -36,24 +36,6 @@ def grid(rollout_steps, per_sample):
                          for t in range(NUM_STEPS)], dtype=torch.float64)  # fmt: skip
 
 
-def hand_vtrace(rewards, values, dones, next_value, next_done, gamma, lam, ratio, rho_clip, c_clip):
-    """V-trace written out for one env at a time, as Espeholt et al. define it, with a lambda: delta_t =
-    min(rho_clip, r_t) (reward + gamma V_{t+1} (1 - d_{t+1}) - V_t), and A_t = delta_t + gamma lam min(c_clip, r_t)
-    (1 - d_{t+1}) A_{t+1}."""
-    rewards, values, dones, ratio = (np.asarray(a, dtype=np.float64) for a in (rewards, values, dones, ratio))
-    next_value, next_done = np.asarray(next_value, dtype=np.float64).ravel(), np.asarray(next_done, dtype=np.float64)
-    advantages = np.zeros_like(rewards)
-    for i in range(rewards.shape[1]):
-        running = 0.0
-        for t in reversed(range(rewards.shape[0])):
-            last = t == len(rewards) - 1
-            later_value, later_done = (next_value[i], next_done[i]) if last else (values[t + 1, i], dones[t + 1, i])
-            delta = min(rho_clip, ratio[t, i]) * (rewards[t, i] + gamma * later_value * (1 - later_done) - values[t, i])
-            running = delta + gamma * lam * min(c_clip, ratio[t, i]) * (1 - later_done) * running
-            advantages[t, i] = running
-    return advantages
-
-
 def training_obs(recorder):
     """The observations the rollouts acted on, (steps of every iteration, num_envs, 64, 64, 3): the training envs'
     (instance 0), not the test envs'."""
@@ -92,7 +74,7 @@ def test_vtrace_recomputes_the_advantages_from_the_current_policy_s_ratios(name,
         assert r == pytest.approx(float(ratio[t, i]), rel=1e-4)
     for clip in (rho_clip, c_clip):
         assert (ratio > clip).any() and (ratio < clip).any()
-    advantages = hand_vtrace(rewards, values, dones, next_value, next_done, gamma, lam, ratio, rho_clip, c_clip)
+    advantages = hand_gae(rewards, values, dones, next_value, next_done, gamma, lam, ratio, rho_clip, c_clip)[0]
     torch.testing.assert_close(vtrace_out[0].double(), torch.as_tensor(advantages), rtol=1e-4, atol=1e-4)
     gae = hand_gae(rewards, values, dones, next_value, next_done, gamma, lam)[0]
     assert np.abs(advantages - gae).max() > 100 * 1e-4  # far from GAE, in the units of the tolerance above

@@ -60,9 +60,12 @@ def rollouts(recorder):
     return out
 
 
-def hand_gae(rewards, values, dones, next_value, next_done, gamma, lam):
-    """GAE written out for one env at a time: delta_t = r_t + gamma V_{t+1} (1 - d_{t+1}) - V_t, and so on."""
+def hand_gae(rewards, values, dones, next_value, next_done, gamma, lam, ratio=None, rho_clip=1.0, c_clip=1.0):
+    """GAE written out for one env at a time: delta_t = r_t + gamma V_{t+1} (1 - d_{t+1}) - V_t, and A_t = delta_t +
+    gamma lam (1 - d_{t+1}) A_{t+1}. With `ratio`, V-trace as Espeholt et al. define it, with a lambda: delta_t is
+    weighted by min(rho_clip, r_t) and A_{t+1} by min(c_clip, r_t) (without it, both weights are 1: GAE)."""
     rewards, values, dones = (np.asarray(a, dtype=np.float64) for a in (rewards, values, dones))
+    ratio = np.ones_like(rewards) if ratio is None else np.asarray(ratio, dtype=np.float64)
     next_value, next_done = np.asarray(next_value, dtype=np.float64).ravel(), np.asarray(next_done, dtype=np.float64)
     advantages = np.zeros_like(rewards)
     for i in range(rewards.shape[1]):
@@ -71,8 +74,8 @@ def hand_gae(rewards, values, dones, next_value, next_done, gamma, lam):
             last = t == len(rewards) - 1
             later_value = next_value[i] if last else values[t + 1, i]
             later_done = next_done[i] if last else dones[t + 1, i]
-            delta = rewards[t, i] + gamma * later_value * (1 - later_done) - values[t, i]
-            running = delta + gamma * lam * (1 - later_done) * running
+            delta = min(rho_clip, ratio[t, i]) * (rewards[t, i] + gamma * later_value * (1 - later_done) - values[t, i])
+            running = delta + gamma * lam * min(c_clip, ratio[t, i]) * (1 - later_done) * running
             advantages[t, i] = running
     return advantages, advantages + values
 
