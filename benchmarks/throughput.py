@@ -162,44 +162,45 @@ def host_run(script, flags, iterations, batch, workdir, device, env):
     first (their median), procgen alone's, and the perf/* of the last iteration where the script logs them."""
     import json
 
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     cmd = [sys.executable, __file__, "--tiny-network", script, "--total-timesteps", str(batch * iterations),
            "--update-epochs", "1", "--device", device, "--exp-name", "bench", *flags]  # fmt: skip
     if script.startswith("ppg"):  # PPG has no --update-epochs: one policy epoch is its default
         cmd = [c for c in cmd if c not in ("--update-epochs", "1")] + ["--e-auxiliary", "1"]
-    with tempfile.TemporaryDirectory(dir=workdir) as cwd:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env={**os.environ, **env})
-        if proc.returncode != 0:
-            raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-        timed = json.loads(proc.stdout.strip().splitlines()[-1])
-        (run_dir,) = (Path(cwd) / "runs").iterdir()
-        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-        acc.Reload()
-        last = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
+    stdout, _, acc = run_logged(cmd, workdir, env)
+    timed = json.loads(stdout.strip().splitlines()[-1])
+    last = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
     last["sps"] = batch / statistics.median(timed["iterations"][1:])
     last["alone_sps"] = batch / timed["alone"]
     return last
 
 
-def run(script, flags, iterations, batch, workdir, device="cpu", tiny=False, env=None):
-    """One process of the script; the perf/* of its last iteration and its peak memory."""
+def run_logged(cmd, workdir, env=None):
+    """Run `cmd` in a directory of its own under `workdir`: its standard output, its resource usage (the peak
+    memory) and the scalar events of the one run directory it wrote. A failed run stops the benchmark, saying why."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    total = batch * iterations
-    entry = [__file__, "--tiny-network", script] if tiny else [str(ROOT / f"{script}.py")]
-    cmd = [sys.executable, *entry, "--total-timesteps", str(total), "--device", device, "--exp-name", "bench", *flags]
-    with tempfile.TemporaryDirectory(dir=workdir) as cwd:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, **(env or {})})  # fmt: skip
-        _, status, usage = os.wait4(proc.pid, 0)
-        err = proc.stderr.read()
-        if status != 0:
-            raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{err[-2000:]}")
+    with tempfile.TemporaryDirectory(dir=workdir) as cwd, tempfile.TemporaryFile("w+") as out:
+        with tempfile.TemporaryFile("w+") as err:  # files, not pipes: the parent reads nothing until the child ends
+            proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, text=True, env={**os.environ, **(env or {})})
+            _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak memory, which subprocess.run does not give
+            if status != 0:
+                err.seek(0)
+                raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{err.read()[-2000:]}")
+        out.seek(0)
+        text = out.read()
         (run_dir,) = (Path(cwd) / "runs").iterdir()
         acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
         acc.Reload()
-        last = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
+    return text, usage, acc
+
+
+def run(script, flags, iterations, batch, workdir, device="cpu", env=None):
+    """One process of the script; the perf/* of its last iteration and its peak memory."""
+    total = batch * iterations
+    cmd = [sys.executable, str(ROOT / f"{script}.py"), "--total-timesteps", str(total), "--device", device,
+           "--exp-name", "bench", *flags]  # fmt: skip
+    _, usage, acc = run_logged(cmd, workdir, env)
+    last = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
     last["peak_rss_gib"] = usage.ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
     last["sps"] = batch / last["perf/iteration_seconds"]
     rollout = last["perf/iteration_seconds"] - last["perf/eval_seconds"] - last["perf/update_seconds"]
@@ -221,16 +222,7 @@ def iteration_seconds(cmd, workdir, iterations):
     """Run `cmd` (a script that logs `losses/value_loss` once per iteration to runs/*), and return the seconds
     between the events of its last two iterations: one iteration after the others' warm-up, timed the same way
     for any script that logs CleanRL's tags."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    with tempfile.TemporaryDirectory(dir=workdir) as cwd:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-        (run_dir,) = (Path(cwd) / "runs").iterdir()
-        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-        acc.Reload()
-        times = [e.wall_time for e in acc.Scalars("losses/value_loss")]
+    times = [e.wall_time for e in run_logged(cmd, workdir)[2].Scalars("losses/value_loss")]
     assert len(times) == iterations, (cmd, times)
     return times[-1] - times[-2]
 
