@@ -9,6 +9,7 @@ import contextlib
 import copy
 import ctypes
 import dataclasses
+import fcntl
 import functools
 import glob
 import importlib.util
@@ -19,6 +20,7 @@ import pickle
 import random
 import re
 import signal
+import socket
 import sys
 import time
 import typing
@@ -182,7 +184,7 @@ class Args:
     """also write a checkpoint after every auxiliary epoch but the last, with the whole phase buffer (6.25 GiB at the
     default sizes): for machines where one auxiliary phase outlasts a working session"""
     keep_checkpoints: int = 3
-    """keep this many of the newest checkpoints"""
+    """keep this many of the newest checkpoints (and the one the run resumed from)"""
     resume: str | None = None
     """continue from a checkpoint, or from the newest one in a run directory; its flags become the defaults"""
     eval_only: str | None = None
@@ -652,12 +654,12 @@ class Agent(nn.Module):
         hidden = self.network(x)
         probs = Categorical(logits=self.actor(hidden), validate_args=False)  # its checks would wait for the GPU
         if action is None:
-            # ── sampling without a host sync [34] ──: `probs.sample()`'s draw (torch.multinomial's exponential
-            # race: the same actions, seed for seed) without its validity checks, which wait for the GPU; [35] `noise`
-            # drawn ahead by a folded rollout
+            # ── sampling without multinomial's checks [34] ──: `probs.sample()`'s draw (torch.multinomial's exponential
+            # race: the same actions, seed for seed) without its validity checks (a dozen small kernels, asserted
+            # asynchronously: no wait); [35] `noise` drawn ahead by a folded rollout
             noise = torch.empty_like(probs.probs).exponential_() if noise is None else noise
             action = (probs.probs / noise).argmax(-1)
-            # ── end sampling without a host sync ──
+            # ── end sampling without multinomial's checks ──
         return action, probs.log_prob(action), probs.entropy(), self.critic(self.value_hidden(x, hidden))
 
     def get_pi(self, x):
@@ -919,7 +921,9 @@ class NullWriter:
 def join_processes(args: Args, device):
     """Under torchrun, join the process group; rank 0 alone prints. Every process, and every restart of the job,
     agrees on the run's name, and a restarted job continues its run from the newest checkpoint. A new run gets a
-    directory that no other run has (made by rank 0, `_2`, `_3`, ... where other runs started in the same second)."""
+    directory that no other run has (made by rank 0, `_2`, `_3`, ... where other runs started in the same second or
+    share a named job's name); a named job's first attempt marks it as its own (`torchrun_job`: the job's name, and
+    the machine and torchrun agent of rank 0), and a restart of that job, and only it, finds it by that mark."""
     if args.world_size > 1:
         init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
         if args.rank > 0:  # one process speaks for all
@@ -927,20 +931,36 @@ def join_processes(args: Args, device):
     job = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # torchrun's "none": no --rdzv-id, no --standalone
     stamp = job if job != "none" else gather_objects(int(time.time()), args.world_size)[0]  # rank 0's clock
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp}"
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if restarted:  # torchrun restarted the job: continue its run
-        if args.resume is not None:  # from the newest checkpoint of the run that --resume continued, not its file
-            ckpt = load_checkpoint(args.resume, "resume")[1]
-            run_name = ckpt.get("run_name", run_name) if isinstance(ckpt, dict) else run_name
-        if glob.glob(f"runs/{run_name}/checkpoints/iter_*"):
-            args.resume = f"runs/{run_name}"
-        elif job == "none":
-            console("torchrun restarted the job, which has no name to find its checkpoints by (--rdzv-id or "
-                    "--standalone gives it one): it starts anew")  # fmt: skip
-    if args.resume is None and not (restarted and job != "none"):  # not the directory of a resumed or restarted run
+    owner = f"{job} {socket.gethostname()} {os.getppid()}\n"  # torchrun's agent, the workers' parent, outlives restarts
+    restarted, found = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0, None
+    if restarted and args.resume is not None:  # from the newest checkpoint of the run that --resume continued
+        ckpt = load_checkpoint(args.resume, "resume")[1]
+        found = ckpt.get("run_name", run_name) if isinstance(ckpt, dict) else run_name
+    elif restarted and job != "none":  # the directory that this job's first attempt made, if it got that far
+        dirs = sorted(glob.glob(f"runs/{glob.escape(run_name)}*"))
+        mine = [d for d in dirs if read_text(f"{d}/torchrun_job") == owner]
+        found = gather_objects(os.path.basename(mine[0]) if mine and args.rank == 0 else None, args.world_size)[0]
+    elif restarted:
+        console("torchrun restarted the job, which has no name to find its run by (--rdzv-id or --standalone gives "
+                "it one): it starts anew")  # fmt: skip
+    if found is not None and glob.glob(f"runs/{found}/checkpoints/iter_*.pt"):
+        args.resume = f"runs/{found}"
+    if args.resume is None and found is None:  # a new run: a directory of its own
         made = make_dir(f"runs/{run_name}", "exp-name", new=True) if args.rank == 0 else None
+        if made is not None and job != "none":
+            with open(f"{made}/torchrun_job", "w") as f:
+                f.write(owner)
         run_name = os.path.basename(gather_objects(made, args.world_size)[0])
-    return run_name
+    return found or run_name
+
+
+def read_text(path):
+    """A small file's text, or None where there is none."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 # ── end torchrun ──
@@ -1031,9 +1051,11 @@ class WholeWrites:
         pass
 
 
-def save_checkpoint(run_dir, name, state, keep=None):
+def save_checkpoint(run_dir, name, state, keep=None, kept=None):
     """Write to a temporary file, flush it to disk, then rename: a kill at any moment leaves the old files whole. A
-    write that fails (a full disk, a quota) removes its temporary file, says why in one line and returns None."""
+    write that fails (a full disk, a quota) removes its temporary file, says why in one line and returns None. Then
+    the `keep` newest are kept: of the checkpoints written before this one (whose names sort before it: a resume set
+    the newer ones aside), the oldest go, never this one nor `kept`, the checkpoint the run resumed from."""
     path = f"{run_dir}/checkpoints/{name}"
     try:  # straight into the file, not through a copy in memory: PPG's phase buffer may be 6 GiB
         os.makedirs(f"{run_dir}/checkpoints", exist_ok=True)
@@ -1050,8 +1072,10 @@ def save_checkpoint(run_dir, name, state, keep=None):
         print(f"{SCRIPT}.py: warning: {path} not written: {exc.strerror or exc}; the earlier checkpoints are kept",
               file=sys.stderr, flush=True)  # fmt: skip
         return None
-    for old in sorted(glob.glob(f"{run_dir}/checkpoints/iter_*.pt"))[: -keep if keep else 0]:
-        os.remove(old)
+    older = [p for p in sorted(glob.glob(f"{run_dir}/checkpoints/iter_*.pt")) if os.path.basename(p) < name]
+    for old in older[: max(len(older) - keep + 1, 0) if keep else 0]:
+        if not (kept and os.path.exists(kept) and os.path.samefile(old, kept)):
+            os.remove(old)
     return path
 
 
@@ -1088,6 +1112,8 @@ def load_checkpoint(path, flag):
                     SKIPPED.add(newer)
                     print(f"{SCRIPT}.py: warning: --{flag}: {newer}: skipped, {why}", file=sys.stderr, flush=True)
         path = found[0]
+    if path.endswith(".tmp"):  # a write that a second signal or a crash cut short: never a checkpoint
+        arg_error(flag, f"{path}: an unfinished checkpoint write, not a checkpoint")
     if not os.path.isfile(path):
         arg_error(flag, f"{path}: no such file")
     try:
@@ -1125,6 +1151,49 @@ def resume_checkpoint(args: Args):
     if len(ckpt["ranks"]) != args.world_size:
         arg_error("resume", f"{path}: made by {len(ckpt['ranks'])} processes, this run has {args.world_size}")
     return {**ckpt, "path": path}
+
+
+HELD = []  # the run directories' lock files that this process holds: closed, and so released, when `train` ends
+
+
+def hold_run(run_dir, args: Args):
+    """One run at a time in a run directory: rank 0 holds an flock on `run_dir/lock` while the run lives, and a second
+    run that would write there (the same `--resume` sent twice, a job requeued while its first copy runs) stops in one
+    line. The system releases the lock when its process dies: a crashed run leaves nothing that blocks."""
+    busy = None
+    if args.rank == 0:
+        f = open(f"{make_dir(run_dir, 'exp-name')}/lock", "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            f.truncate(0)
+            f.write(f"{socket.gethostname()} {os.getpid()}\n")
+            f.flush()
+            HELD.append(f)
+        except OSError:  # held by another process
+            f.seek(0)
+            busy = f.read().strip() or "unknown"
+            f.close()
+    busy = gather_objects(busy, args.world_size)[0]  # every process stops, not rank 0 alone
+    if busy is not None:
+        arg_error("resume", f"{run_dir}: in use by a run that is still going (machine and process: {busy}); "
+                  "stop it first, or resume a copy of the directory")  # fmt: skip
+
+
+def set_aside_newer(ckpt, run_dir):
+    """Rank 0, holding the run: a `*.tmp` that a write cut short (a second signal, a crash) left goes; a resume from a
+    checkpoint older than its run's newest abandons the newer ones (and any that did not read), which move to
+    `checkpoints/abandoned/`, so that rotation, a later `--resume RUN_DIR` and a torchrun restart all follow the line
+    that goes on from here."""
+    for tmp in glob.glob(f"{glob.escape(run_dir)}/checkpoints/*.tmp"):
+        os.remove(tmp)
+    found = sorted(glob.glob(f"{glob.escape(run_dir)}/checkpoints/iter_*.pt")) if ckpt else []
+    newer = [p for p in found if os.path.basename(p) > checkpoint_name(ckpt["iteration"], ckpt.get("aux_epoch", 0))]
+    if newer:
+        aside = make_dir(f"{run_dir}/checkpoints/abandoned", "resume", new=True)
+        for path in newer:
+            os.replace(path, f"{aside}/{os.path.basename(path)}")
+        print(f"{SCRIPT}.py: warning: --resume: {ckpt['path']} is older than {len(newer)} checkpoint(s) of its "
+              f"run, now in {aside}/; the run goes on from iteration {ckpt['iteration']}", file=sys.stderr)  # fmt: skip
 
 
 def load_weights(agent, path, flag):
@@ -1190,11 +1259,17 @@ def write_checkpoint(run_name, iteration, global_step, agent, optimizers, mine, 
         "aux_optimizer": optimizers[1].state_dict() if optimizers[1] is not optimizers[0] else None,
         "recent_returns": list(recent[0]), "recent_test_returns": list(recent[1]), "aux_epoch": aux_epoch,
     }  # fmt: skip
-    name = f"iter_{iteration:08d}.aux{aux_epoch:03d}.pt" if aux_epoch else f"iter_{iteration:08d}.pt"
-    path = save_checkpoint(f"runs/{run_name}", name, state, args.keep_checkpoints)
+    path = save_checkpoint(f"runs/{run_name}", checkpoint_name(iteration, aux_epoch), state, args.keep_checkpoints,
+                           args.resume)  # fmt: skip
     if path is not None:
         console(f"checkpoint: {path}")
     return path
+
+
+def checkpoint_name(iteration, aux_epoch=0):
+    """`iter_N.pt` after iteration N; inside its auxiliary phase `iter_N.auxEEE.pt`, which sorts before `iter_N.pt`
+    and after `iter_N-1.pt`: the names sort in the order a run writes them."""
+    return f"iter_{iteration:08d}.aux{aux_epoch:03d}.pt" if aux_epoch else f"iter_{iteration:08d}.pt"
 
 
 def stopped_by_signal(signum, where, ckpt_path, args: Args):
@@ -1255,6 +1330,10 @@ def cli_defaults(argv):
             path = arg.split("=", 1)[1] if arg.startswith(flag + "=") else path
             if path is not None and path.strip():  # a blank path: its rule says so, in check_args
                 ckpt = load_checkpoint(path, flag[2:])[1]
+                other = ckpt.get("script", SCRIPT) if isinstance(ckpt, dict) and "args" in ckpt else SCRIPT
+                if other != SCRIPT:  # before its flags meet this script's rules
+                    arg_error(flag[2:], f"{path}: written by {other}.py, not {SCRIPT}.py: python {other}.py {flag} "
+                              f"{path}")  # fmt: skip
                 if isinstance(ckpt, dict) and ckpt.get("script") == SCRIPT and "args" in ckpt:
                     start_only = ("resume", "eval_only", "init_model")  # how that run began, not how it goes on
                     saved = {k: v for k, v in ckpt["args"].items() if k not in start_only}
@@ -1331,6 +1410,8 @@ def keeps_process_settings(train):
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
             torch.distributions.Distribution.set_default_validate_args(validate)
+            while HELD:  # the run directory's lock
+                HELD.pop().close()
 
     return wrapper
 
@@ -1360,11 +1441,15 @@ def train(args: Args):
     # ── checkpoints [25]: resume ──
     ckpt = resume_checkpoint(args)
     run_name = ckpt["run_name"] if ckpt else run_name
+    hold_run(f"runs/{run_name}", args)  # released when `train` ends, or the process
     if ckpt and ckpt["iteration"] >= args.num_iterations and not ckpt.get("aux_epoch"):  # nothing left: say so
         console(f"runs/{run_name} is complete: {ckpt['iteration']} of {args.num_iterations} iterations, "
                 f"{ckpt['global_step']} steps; to extend it: python {SCRIPT}.py --resume runs/{run_name} "
                 f"--total-timesteps {2 * args.total_timesteps}")  # fmt: skip
         return run_name
+    if args.rank == 0:
+        set_aside_newer(ckpt, f"runs/{run_name}")
+    args.resume = ckpt["path"] if ckpt else None  # the checkpoint itself, which rotation keeps
     # ── end resume ──
     if args.track and args.rank == 0:
         import wandb

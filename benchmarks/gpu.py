@@ -11,12 +11,15 @@ The steps, each timed, each one's output kept beside GPU.md:
      `--env-threads 8`) and all of them together, from which the GPU defaults are to be decided;
   3. `throughput.py --suite host --device cuda`: each script's loop without the network, beside procgen alone;
   4. `python -m pytest tests/test_host_syncs.py -k cuda`: no host-device sync between two minibatches.
-A failing step is reported and the kit goes on with the next; it exits 1 if any failed.
+A failing step is reported and the kit goes on with the next; it exits 1 if any failed. Each step has a time limit
+(`--timeout`, seconds; the four defaults sum to 9.5 minutes): one that hangs is stopped with every process it
+started, reported as timed out in GPU.md with the output it gave, and the kit goes on.
 """
 
 import argparse
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +27,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
+
+
+# each step's time limit in seconds, meant for one H100: the kit's whole run within 10 minutes
+TIMEOUTS = {"CUDA tests": 150, "Speed options": 270, "Host side": 90, "Host-device syncs": 60}
+
+
+def run_step(cmd, timeout, env):
+    """Run `cmd` in a process group of its own; after `timeout` seconds stop the group (the benchmark's and the tests'
+    children too). (exit status or None when it timed out, its output)."""
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          start_new_session=True) as proc:  # fmt: skip
+        try:
+            output = proc.communicate(timeout=timeout)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return None, proc.communicate()[0]
+    return proc.returncode, output
 
 
 def steps(opts):
@@ -65,6 +85,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="tiny sizes on the CPU: checks that the kit runs")
     parser.add_argument("--out", type=Path, default=None, help="where GPU.md and the tables go (gpu/; quick: quick/)")
     parser.add_argument("--skip", nargs="*", default=[], metavar="TITLE", help="steps to leave out, by title")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="every step's time limit (default: each step's own, 9.5 minutes in all)")  # fmt: skip
     opts = parser.parse_args()
     opts.device = "cpu" if opts.quick else "cuda"
     opts.out = (opts.out or HERE / ("quick" if opts.quick else "gpu")).resolve()
@@ -83,20 +105,18 @@ def main():
     for title, cmd, table in steps(opts):
         if title in opts.skip:
             continue
-        start = time.time()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+        start, limit = time.time(), opts.timeout or TIMEOUTS[title]
+        status, output = run_step(cmd, limit, {**os.environ, "PYTHONUNBUFFERED": "1"})
         seconds = time.time() - start
         log = opts.out / f"{title.lower().replace(' ', '_').replace('-', '_')}.log"
-        log.write_text(proc.stdout + proc.stderr)
-        ok = proc.returncode == 0 or (cmd[1:3] == ["-m", "pytest"] and proc.returncode == 5)  # 5: all deselected
+        log.write_text(output)
+        ok = status == 0 or (cmd[1:3] == ["-m", "pytest"] and status == 5)  # 5: all deselected
         failed += [] if ok else [title]
-        summary = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
-        print(
-            f"{title}: {'ok' if ok else f'FAILED (exit {proc.returncode})'} in {seconds:.0f} s: {summary}", flush=True
-        )
+        summary = (output.strip().splitlines() or ["(no output)"])[-1]
+        verdict = "ok" if ok else f"TIMED OUT after {limit:g} s" if status is None else f"FAILED (exit {status})"
+        print(f"{title}: {verdict} in {seconds:.0f} s: {summary}", flush=True)
         lines += [f"## {title}", "", f"`{' '.join(Path(c).name if c.startswith('/') else c for c in cmd)}`: "
-                  f"{'ok' if ok else f'failed, exit {proc.returncode}'}, {seconds:.0f} s; `{summary}`", ""]  # fmt: skip
+                  f"{verdict.lower()}, {seconds:.0f} s; `{summary}`", ""]  # fmt: skip
         if table and (opts.out / table).exists():
             lines += [line for line in (opts.out / table).read_text().splitlines()[2:]] + [""]
     (opts.out / "GPU.md").write_text("\n".join(lines))

@@ -32,7 +32,12 @@ TESTS = {  # each file's tests: the test files, and pytest's -k for the cases of
     PPG_FULL: (FEATURE_TESTS, "ppg_procgen_full"),
 }
 
-# (file, the line's text as it is, the mistake, what it breaks); the text must occur once in the file
+# the tests of the checkpoints' and the run directory's safeguards, for the mistakes that name them
+RESUME_TESTS = (["tests/test_checkpoint.py"], "older or unreadable_newest or second_run or stale or restarted_torchrun "
+                "or other_script or rotation")  # fmt: skip
+
+# (file, the line's text as it is, the mistake, what it breaks[, (test files, -k) in place of the file's own]); the
+# text must occur once in the file
 MUTANTS = [
     (PPO, "loss = pg_loss - args.ent_coef * entropy_loss", "loss = pg_loss + args.ent_coef * entropy_loss",
      "entropy bonus with its sign flipped"),
@@ -101,12 +106,26 @@ MUTANTS = [
          "approx_kl = torch.tensor(((ratio - 1) - logratio).mean().item())",
          "approx_kl read back by the host every minibatch"),
     ]],
+    *[(full, old, new, f"{full[:3].upper()} full: {what}", RESUME_TESTS) for full in (PPO_FULL, PPG_FULL)
+      for old, new, what in [
+        ("newer = [p for p in found if", "newer = [p for p in found if False and",
+         "a resume from an older checkpoint leaves the newer ones in place"),
+        ("if not (kept and os.path.exists(kept) and os.path.samefile(old, kept)):", "if True:",
+         "rotation deletes the checkpoint the run resumed from"),
+        ("if os.path.basename(p) < name]", "]", "rotation by name over every checkpoint, newer ones included"),
+        ("fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)", "f.fileno()", "the run directory's lock never taken"),
+        ("        os.remove(tmp)\n", "        pass\n", "a stale .tmp checkpoint left in place"),
+        ('if read_text(f"{d}/torchrun_job") == owner]', "]", "a torchrun restart takes any run of its name"),
+        ("if other != SCRIPT:  # before", "if False:  # before", "the other script's checkpoint not named"),
+    ]],
 ]  # fmt: skip
 
 
-def run_tests(copy, file, tests=None):
-    """The tests of `file` on the copy: its own test files, or `tests` where given."""
+def run_tests(copy, file, tests=None, own=None):
+    """The tests of `file` on the copy: its own test files (`own`: a mistake's own), or `tests` where given."""
     default, only = TESTS[file]
+    if own:  # the mistake's own tests, the cases of this file among them
+        default, only = own[0], f"({own[1]}) and {only}"
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *(tests or default), "-k", only]
     return subprocess.run(cmd, cwd=copy, capture_output=True, text=True)
 
@@ -131,13 +150,13 @@ def main():
             proc = run_tests(copy, file, opts.tests)
             if proc.returncode != 0:
                 sys.exit(f"the unchanged {file} fails its fast tests:\n{proc.stdout[-2000:]}")
-        for file, old, new, what in chosen:
+        for file, old, new, what, *own in chosen:
             source = (ROOT / file).read_text()
             if source.count(old) != 1:
                 sys.exit(f"{what}: the line `{old.strip()}` is not in {file} exactly once; update the list")
             (copy / file).write_text(source.replace(old, new))
             begun = time.time()
-            proc = run_tests(copy, file, opts.tests)
+            proc = run_tests(copy, file, opts.tests, *own)
             (copy / file).write_text(source)
             killed = proc.returncode == 1  # a test failed; 0 is a survivor, anything else an error of the run
             failed = [line.split(" ")[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]

@@ -52,6 +52,20 @@ def test_the_gpu_kit_runs_every_step_in_quick_mode(tmp_path):
         assert all(float(c) >= 0 for c in row[4:8]) if "full" in row[0] else not "".join(row[4:8]).strip(), row
 
 
+def test_the_gpu_kit_stops_a_step_past_its_time_limit_and_says_so(tmp_path):
+    """A step that outlasts its limit (half a second: the tests' start alone takes longer) is stopped with the
+    processes it started; the console and GPU.md say it timed out, and the kit goes on to the next step and exits 1."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path), "--timeout", "0.5",
+           "--skip", "Speed options", "Host side"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    kit = (tmp_path / "GPU.md").read_text()
+    for title in ("CUDA tests", "Host-device syncs"):
+        assert f"{title}: TIMED OUT after 0.5 s in " in proc.stdout, proc.stdout
+        section = kit.split(f"## {title}")[1].split("##")[0]
+        assert "timed out after 0.5 s, " in section, section
+
+
 def test_quick_mode_never_writes_over_the_committed_results():
     throughput = __import__("throughput")
     committed = ROOT / "benchmarks"

@@ -1,5 +1,6 @@
 """Checkpoints: exact resume, signals, the divergence guard, bad files, evaluation of a saved agent."""
 
+import fcntl
 import os
 import shutil
 import signal
@@ -10,7 +11,17 @@ import time
 import pytest
 import torch
 import tyro
-from conftest import AUX_TAGS, DEVICES, ROOT, file_size_limit, load_script, read_scalars, smoke_args, unwritable
+from conftest import (
+    AUX_TAGS,
+    DEVICES,
+    ROOT,
+    file_size_limit,
+    load_script,
+    outcome,
+    read_scalars,
+    smoke_args,
+    unwritable,
+)
 
 SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
@@ -456,5 +467,158 @@ def test_a_run_directory_whose_newest_checkpoint_does_not_read_resumes_from_the_
     assert script.train(script.parse_args([*argv, "--resume", str(run_dir)])) == run_dir.name
     out, err = capsys.readouterr()
     assert err.splitlines() == [f"{script.SCRIPT}.py: warning: --resume: {newest}: skipped, not a readable "
-                                "checkpoint (truncated?: RuntimeError)"], err  # fmt: skip
+                                "checkpoint (truncated?: RuntimeError)",
+                                f"{script.SCRIPT}.py: warning: --resume: {older} is older than 1 checkpoint(s) of its "
+                                f"run, now in runs/{run_dir.name}/checkpoints/abandoned/; the run goes on from "
+                                f"iteration {torch.load(older, weights_only=False)['iteration']}"], err  # fmt: skip
     assert f"resumed from {older}" in out
+
+
+@pytest.fixture(scope="module", params=SCRIPTS)
+def three_checkpoints(request, tmp_path_factory):
+    """A smoke-sized run of each script with three checkpoints (PPO: iterations 1-3; PPG: its phase ends, 2, 4, 6)."""
+    script = load_script(request.param)
+    cwd, here = tmp_path_factory.mktemp(request.param), os.getcwd()
+    os.chdir(cwd)
+    try:
+        flags = [*smoke_args(request.param), "--device", "cpu", "--checkpoint-interval", "1", "--keep-checkpoints", "9"]
+        per_checkpoint = 128 if request.param == "ppo_procgen_full" else 256
+        run_name = train(script, [*flags, "--total-timesteps", str(3 * per_checkpoint)])
+    finally:
+        os.chdir(here)
+    run_dir = cwd / "runs" / run_name
+    assert len(list((run_dir / "checkpoints").glob("iter_*.pt"))) == 3
+    return script, flags, per_checkpoint, run_dir
+
+
+def copy_of(run_dir, tmp_path):
+    shutil.copytree(run_dir, tmp_path / "runs" / run_dir.name)
+    return tmp_path / "runs" / run_dir.name
+
+
+def test_a_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(three_checkpoints, tmp_path, monkeypatch, capsys):
+    """Resuming the first of three checkpoints abandons the other two: they move to checkpoints/abandoned/ (whole,
+    with a warning naming them), so that `--resume RUN_DIR` goes on from the new line's checkpoint, not the old
+    line's newest; and rotation keeps the checkpoint the run resumed from."""
+    script, flags, per_checkpoint, trained_dir = three_checkpoints
+    run_dir = copy_of(trained_dir, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    first, second, third = sorted((run_dir / "checkpoints").glob("iter_*.pt"))
+    old = {p.name: p.read_bytes() for p in (second, third)}
+    capsys.readouterr()
+    more = ["--total-timesteps", str(2 * per_checkpoint), "--keep-checkpoints", "1", "--resume", str(first)]
+    assert train(script, [*flags, *more]) == run_dir.name
+    err = capsys.readouterr().err
+    assert f"{first} is older than 2 checkpoint(s) of its run, now in runs/{run_dir.name}/checkpoints/abandoned/" in err
+    assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints" / "abandoned").iterdir()} == old
+    # the new line's checkpoint, and the one the run resumed from (rotation keeps it, --keep-checkpoints 1 or not)
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*.pt")) == [first.name, second.name]
+    path, ckpt = script.load_checkpoint(str(run_dir), "resume")
+    assert path == str(run_dir / "checkpoints" / second.name) and ckpt["global_step"] == 2 * per_checkpoint
+
+
+def test_keep_one_after_skipping_an_unreadable_newest_checkpoint_keeps_the_good_ones(
+    three_checkpoints, tmp_path, monkeypatch, capsys
+):
+    """The run's newest checkpoint does not read and the one before it is gone (rotated): `--resume RUN_DIR` goes on
+    from the first, and with --keep-checkpoints 1 the checkpoint it writes neither deletes itself nor the one it
+    resumed from, while the unreadable file, which sorts after both, is set aside; the run resumes again after."""
+    script, flags, per_checkpoint, trained_dir = three_checkpoints
+    run_dir = copy_of(trained_dir, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    first, second, third = sorted((run_dir / "checkpoints").glob("iter_*.pt"))
+    second.unlink()
+    third.write_bytes(third.read_bytes()[: third.stat().st_size // 2])
+    more = ["--total-timesteps", str(2 * per_checkpoint), "--keep-checkpoints", "1", "--resume", str(run_dir)]
+    assert train(script, [*flags, *more]) == run_dir.name
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*.pt")) == [first.name, second.name]
+    assert [p.name for p in (run_dir / "checkpoints" / "abandoned").iterdir()] == [third.name]
+    capsys.readouterr()
+    assert train(script, [*flags, "--total-timesteps", str(3 * per_checkpoint), "--resume", str(run_dir)])
+    assert f"resumed from {run_dir}/checkpoints/{second.name}" in capsys.readouterr().out
+
+
+def test_a_second_run_in_a_run_directory_is_refused_while_the_first_holds_it(trained, tmp_path, monkeypatch, capsys):
+    """The same `--resume RUN_DIR` started while the run still goes (its process holds the directory's lock): one
+    line, and nothing in the directory changes; once that process is gone (its lock with it), the resume goes on."""
+    script, flags, run_dir = copy_of_run(trained, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    before = contents(run_dir)
+    with open(run_dir / "lock", "a+") as held:  # what the running copy's process holds
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(SystemExit) as exc:
+            train(script, [*flags, "--total-timesteps", "512", "--resume", str(run_dir)])
+        line = one_error_line(capsys, exc)
+        assert line.startswith(f"{script.SCRIPT}.py: error: --resume: runs/{run_dir.name}: in use by a run that is "
+                               "still going"), line  # fmt: skip
+        assert contents(run_dir) == before
+    assert train(script, [*flags, "--total-timesteps", "512", "--resume", str(run_dir)]) == run_dir.name
+
+
+def test_a_stale_temporary_checkpoint_is_removed_at_the_next_start_and_never_read(
+    trained, tmp_path, monkeypatch, capsys
+):
+    """A second signal during a write leaves `iter_N.pt.tmp`, here a whole copy of a checkpoint: `--resume` of it is
+    one line, and the next start of the run removes it."""
+    script, flags, run_dir = copy_of_run(trained, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    newest = sorted((run_dir / "checkpoints").glob("iter_*.pt"))[-1]
+    stale = run_dir / "checkpoints" / "iter_00000007.pt.tmp"
+    shutil.copy(newest, stale)
+    with pytest.raises(SystemExit) as exc:
+        train(script, [*flags, "--total-timesteps", "512", "--resume", str(stale)])
+    assert one_error_line(capsys, exc).endswith(f"--resume: {stale}: an unfinished checkpoint write, not a checkpoint")
+    assert train(script, [*flags, "--total-timesteps", "512", "--resume", str(run_dir)]) == run_dir.name
+    assert not stale.exists()
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_restarted_torchrun_job_continues_its_own_run_not_one_that_shares_its_name(name, tmp_path, monkeypatch):
+    """Two jobs with the same --rdzv-id, game, experiment name and seed (a sweep with a fixed id): the first has no
+    checkpoint, the second (in `_2`) has. A restart of the second goes on from its own checkpoint, in its own
+    directory, and the first's directory, its events included, stays as it was."""
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "sweep")
+    per_phase = 128 if name == "ppo_procgen_full" else 256
+    base = [*smoke_args(name), "--device", "cpu", "--total-timesteps", str(per_phase)]
+    monkeypatch.setattr(os, "getppid", lambda: 1111)  # the first job's torchrun agent
+    first = script.train(script.parse_args(base))
+    monkeypatch.setattr(os, "getppid", lambda: 2222)  # the second job's
+    second = script.train(script.parse_args([*base, "--checkpoint-interval", "1"]))
+    assert second == f"{first}_2"
+    before = contents(tmp_path / "runs" / first)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    more = ["--checkpoint-interval", "1", "--total-timesteps", str(2 * per_phase)]
+    logged = []
+    monkeypatch.setattr(script, "console", logged.append)
+    assert script.train(script.parse_args([*base, *more])) == second
+    assert any(line.startswith(f"resumed from runs/{second}/checkpoints/") for line in logged), logged
+    assert contents(tmp_path / "runs" / first) == before
+    steps = [s for s, _ in read_scalars(tmp_path / "runs" / second)["losses/policy_loss"]]
+    assert steps == list(range(128, 2 * per_phase + 1, 128))
+
+
+def test_resuming_the_other_script_s_run_names_the_script_that_wrote_it(three_checkpoints):
+    """`ppo_procgen_full.py --resume` of a PPG run (and the other way round) says whose checkpoint it is, before its
+    flags meet this script's rules (a PPG run's sizes would fail PPO's defaults' batch rule first)."""
+    script, _, _, run_dir = three_checkpoints
+    other = load_script("ppg_procgen_full" if script.SCRIPT == "ppo_procgen_full" else "ppo_procgen_full")
+    for flag in ("--resume", "--eval-only"):
+        status, lines = outcome(other, [flag, str(run_dir)])
+        assert status == 2 and lines == [f"{other.SCRIPT}.py: error: --{flag[2:]}: {run_dir}: written by "
+                                         f"{script.SCRIPT}.py, not {other.SCRIPT}.py: python {script.SCRIPT}.py {flag} "
+                                         f"{run_dir}"], lines  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_rotation_deletes_only_older_checkpoints_and_never_the_resumed_one(tmp_path, name):
+    """Rotation counts back from the checkpoint just written: a newer name (another line's file) is not its to delete,
+    and the checkpoint the run resumed from stays, whatever `keep` is."""
+    script = load_script(name)
+    for i in (1, 2, 9):
+        script.save_checkpoint(str(tmp_path), f"iter_{i:08d}.pt", {"iteration": i})
+    resumed = str(tmp_path / "checkpoints" / "iter_00000001.pt")
+    script.save_checkpoint(str(tmp_path), "iter_00000003.pt", {"iteration": 3}, keep=1, kept=resumed)
+    names = ["iter_00000001.pt", "iter_00000003.pt", "iter_00000009.pt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names
