@@ -237,6 +237,7 @@ RLLTE_ALIASES = {
     "gamma": "--discount", "minibatch_size": "--batch-size", "clip_coef": "--clip-range",
     "n_iteration": "--policy-epochs", "e_auxiliary": "--aux-epochs", "beta_clone": "--kl-coef",
     "num_aux_rollouts": "--num-aux-mini-batch", "n_aux_grad_accum": "--num-aux-grad-accum",
+    "num_minibatches": "--num-policy-mini-batch",  # Hsuanwu's PPGLearner: the policy phase's minibatches
 }  # fmt: skip
 for _name, _alias in RLLTE_ALIASES.items():
     Args.__dataclass_fields__[_name].type = Args.__annotations__[_name] = typing.Annotated[

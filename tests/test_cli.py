@@ -80,6 +80,27 @@ CASES = [(name, *case) for name in SCRIPTS for case in BAD_INPUTS + SCRIPT_BAD_I
 CASES += [(FULL[name], *case) for name in SCRIPTS for case in BAD_INPUTS + SCRIPT_BAD_INPUTS[name] + FULL_BAD_INPUTS]
 CASES += [("ppg_procgen_full", *case) for case in SCRIPT_BAD_INPUTS["ppg_procgen_full"]]
 
+# rllte's (and Hsuanwu's) names for CleanRL's flags in the full files: (alias, the field it sets, a value, as parsed)
+ALIASES = [("--tag", "exp_name", "t", "t"), ("--init-model-path", "init_model", "m.pt", "m.pt"),
+           ("--lr", "learning_rate", "0.001", 0.001), ("--eps", "adam_eps", "1e-06", 1e-6),
+           ("--discount", "gamma", "0.99", 0.99), ("--batch-size", "minibatch_size", "1024", 1024),
+           ("--clip-range", "clip_coef", "0.1", 0.1)]  # fmt: skip
+SCRIPT_ALIASES = {
+    "ppo_procgen_full": [("--n-epochs", "update_epochs", "4", 4)],
+    "ppg_procgen_full": [("--policy-epochs", "n_iteration", "16", 16), ("--aux-epochs", "e_auxiliary", "3", 3),
+                         ("--kl-coef", "beta_clone", "2.0", 2.0), ("--num-aux-mini-batch", "num_aux_rollouts", "8", 8),
+                         ("--num-aux-grad-accum", "n_aux_grad_accum", "2", 2),
+                         ("--num-policy-mini-batch", "num_minibatches", "4", 4)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", FULL.values())
+def test_rllte_s_names_set_cleanrl_s_flags(name):
+    script = load_script(name)
+    for alias, field, value, parsed in ALIASES + SCRIPT_ALIASES[name]:
+        args = parse(script, [alias, value])
+        assert getattr(args, field) == parsed and getattr(args, field) != getattr(script.Args(), field), alias
+
 
 @pytest.mark.parametrize("name,flags,flag", CASES)
 def test_bad_input_stops_with_one_line(tmp_path, monkeypatch, capsys, name, flags, flag):
