@@ -18,6 +18,10 @@ import tyro
 
 ROOT = Path(__file__).resolve().parent.parent
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: one core's worth of threads per worker, in it and its children
+    torch.set_num_threads(1)  # two workers of two threads each on two cores spin-wait for each other (OpenMP)
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 # Small enough for a few seconds on 2 CPU cores: 2 iterations of 4 envs x 32 steps, 2 minibatches.
 SMOKE_ARGS = ["--num-envs", "4", "--num-steps", "32", "--total-timesteps", "256", "--num-minibatches", "2",
               "--num-eval-envs", "8"]  # fmt: skip

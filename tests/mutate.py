@@ -4,7 +4,7 @@ against the tests of their features. Not part of the suite (it runs the tests on
 the scripts or the tests:
 
     python tests/mutate.py              # every mistake against its tests
-    python tests/mutate.py -k kl        # the mistakes whose description contains "kl"
+    python tests/mutate.py -k kl        # the mistakes whose description contains "kl" ("kl|lock": either)
     python tests/mutate.py --tests tests/test_math.py tests/test_ppg.py tests/test_env.py tests/test_smoke.py
                                         # against other tests: here, the suite as it was before test_loop.py
 
@@ -138,10 +138,11 @@ def fresh_copy(into):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-k", default="", help="only the mistakes whose description contains this text")
+    parser.add_argument("-k", default="", help="only the mistakes whose description contains this text (or one of "
+                        "several, as in 'kl|rotation')")  # fmt: skip
     parser.add_argument("--tests", nargs="+", help="the test files to run on each copy (default: each file's own)")
     opts = parser.parse_args()
-    chosen = [m for m in MUTANTS if opts.k.lower() in m[3].lower()]
+    chosen = [m for m in MUTANTS if any(k.lower() in m[3].lower() for k in opts.k.split("|"))]
     started, survived = time.time(), []
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp)

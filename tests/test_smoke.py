@@ -1,4 +1,5 @@
-"""The shared smoke harness: every script and option, on every device present, for a few hundred steps."""
+"""The shared smoke harness: every script and option, on every device present, for a few hundred steps; the scripts at
+their defaults are the smoke tier (`python -m pytest -m smoke`)."""
 
 import math
 
@@ -12,15 +13,19 @@ VTRACE = {"losses/vtrace_rho_clipfrac": PER_ITERATION}
 RND = {"losses/rnd_loss": PER_ITERATION, "charts/intrinsic_reward": PER_ITERATION}
 PRETRAINING = ["--pretraining", "--intrinsic-coef", "1"]
 
+SMOKE = pytest.mark.smoke  # the smoke tier, `python -m pytest -m smoke`: every script at its defaults
+
 # one entry per script and option worth a smoke run: (script, extra flags, {tag that must be logged: its steps})
 SCRIPTS = [
-    pytest.param("ppo_procgen", [], {}, id="ppo"),
+    pytest.param("ppo_procgen", [], {}, id="ppo", marks=SMOKE),
+    pytest.param("ppo_procgen_full", [], {}, id="ppo-full", marks=SMOKE),
+    pytest.param("ppg_procgen", [], AUX, id="ppg", marks=SMOKE),
+    pytest.param("ppg_procgen_full", [], AUX, id="ppg-full", marks=SMOKE),
     pytest.param("ppo_procgen_full", ["--vtrace"], VTRACE, id="ppo-vtrace"),
     pytest.param("ppo_procgen_full", ["--prio-alpha", "0.6"], PRIO, id="ppo-prio"),
     pytest.param("ppo_procgen_full", ["--vtrace", "--prio-alpha", "0.6"], VTRACE | PRIO, id="ppo-vtrace-prio"),
     pytest.param("ppo_procgen_full", PRETRAINING, RND, id="ppo-rnd-pretraining"),
     pytest.param("ppo_procgen_full", ["--autocast", "bf16"], {}, id="ppo-bf16"),
-    pytest.param("ppg_procgen", ["--arch", "dual"], AUX, id="ppg-dual"),
     pytest.param("ppg_procgen", ["--arch", "shared"], AUX, id="ppg-shared"),
     pytest.param("ppg_procgen", ["--arch", "detach", "--init-fn", "orthogonal"], AUX, id="ppg-detach"),
     pytest.param(
