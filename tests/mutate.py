@@ -116,16 +116,19 @@ MUTANTS = [
         ("fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)", "f.fileno()", "the run directory's lock never taken"),
         ("        os.remove(tmp)\n", "        pass\n", "a stale .tmp checkpoint left in place"),
         ('if read_text(f"{d}/torchrun_job") == owner]', "]", "a torchrun restart takes any run of its name"),
-        ("if other != SCRIPT:  # before", "if False:  # before", "the other script's checkpoint not named"),
     ]],
+    # the message comes from the file that resumes the other script's run: the test case named after the run's script
+    *[(full, "if other != SCRIPT:  # before", "if False:  # before",
+       f"{full[:3].upper()} full: the other script's checkpoint not named", (*RESUME_TESTS, "any case"))
+      for full in (PPO_FULL, PPG_FULL)],
 ]  # fmt: skip
 
 
 def run_tests(copy, file, tests=None, own=None):
     """The tests of `file` on the copy: its own test files (`own`: a mistake's own), or `tests` where given."""
     default, only = TESTS[file]
-    if own:  # the mistake's own tests, the cases of this file among them
-        default, only = own[0], f"({own[1]}) and {only}"
+    if own:  # the mistake's own tests: the cases of this file among them, or ("any case") all of them
+        default, only = own[0], own[1] if own[2:] == ("any case",) else f"({own[1]}) and {only}"
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *(tests or default), "-k", only]
     return subprocess.run(cmd, cwd=copy, capture_output=True, text=True)
 
@@ -159,8 +162,10 @@ def main():
             begun = time.time()
             proc = run_tests(copy, file, opts.tests, *own)
             (copy / file).write_text(source)
-            killed = proc.returncode == 1  # a test failed; 0 is a survivor, anything else an error of the run
             failed = [line.split(" ")[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+            # a test failed (under pytest-xdist, -x ends the session as interrupted: status 2, with the failure named);
+            # 0 is a survivor, anything else an error of the run
+            killed = proc.returncode == 1 or (proc.returncode == 2 and bool(failed))
             status = "killed" if killed else ("SURVIVED" if proc.returncode == 0 else f"error {proc.returncode}")
             print(f"{status:8}  {file:19}  {what}  ({time.time() - begun:.0f}s{', by ' + failed[0] if failed else ''})",
                   flush=True)  # fmt: skip
