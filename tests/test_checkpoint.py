@@ -167,18 +167,22 @@ def test_a_stop_signal_writes_a_checkpoint_that_resumes(tmp_path, signum):
     assert f"iter {stopped_at + 1}/{stopped_at + 1}  step {total}" in done.stdout
 
 
+def run_once(tmp_path_factory, script, flags):
+    """A module fixture's run of `script`, in a directory of its own: its run directory."""
+    cwd, here = tmp_path_factory.mktemp(script.SCRIPT), os.getcwd()
+    os.chdir(cwd)
+    try:
+        return cwd / "runs" / train(script, flags)
+    finally:
+        os.chdir(here)
+
+
 @pytest.fixture(scope="module", params=SCRIPTS)
 def trained(request, tmp_path_factory):
     """A smoke-sized run of each script with a checkpoint every iteration and the final model saved."""
     script = load_script(request.param)
-    cwd, here = tmp_path_factory.mktemp(request.param), os.getcwd()
-    os.chdir(cwd)
-    try:
-        flags = [*smoke_args(request.param), "--device", "cpu", "--checkpoint-interval", "1", "--save-model"]
-        run_name = train(script, flags)
-    finally:
-        os.chdir(here)
-    return script, flags, cwd / "runs" / run_name
+    flags = [*smoke_args(request.param), "--device", "cpu", "--checkpoint-interval", "1", "--save-model"]
+    return script, flags, run_once(tmp_path_factory, script, flags)
 
 
 def one_error_line(capsys, exc):
@@ -316,11 +320,16 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(trained, monkeypatch
     assert sorted(run_dir.rglob("*")) == files  # no new event file, no checkpoint
 
 
-def copy_of_run(trained, tmp_path):
-    """The trained run, copied to tmp_path/runs, so that a test may write to it or break it."""
-    script, flags, run_dir = trained
+def copy_of(run_dir, tmp_path):
+    """A run directory, copied to tmp_path/runs, so that a test may write to it or break it."""
     shutil.copytree(run_dir, tmp_path / "runs" / run_dir.name)
-    return script, flags, tmp_path / "runs" / run_dir.name
+    return tmp_path / "runs" / run_dir.name
+
+
+def copy_of_run(trained, tmp_path):
+    """The trained run's script, flags and a copy of its directory."""
+    script, flags, run_dir = trained
+    return script, flags, copy_of(run_dir, tmp_path)
 
 
 def contents(run_dir):
@@ -478,22 +487,11 @@ def test_a_run_directory_whose_newest_checkpoint_does_not_read_resumes_from_the_
 def three_checkpoints(request, tmp_path_factory):
     """A smoke-sized run of each script with three checkpoints (PPO: iterations 1-3; PPG: its phase ends, 2, 4, 6)."""
     script = load_script(request.param)
-    cwd, here = tmp_path_factory.mktemp(request.param), os.getcwd()
-    os.chdir(cwd)
-    try:
-        flags = [*smoke_args(request.param), "--device", "cpu", "--checkpoint-interval", "1", "--keep-checkpoints", "9"]
-        per_checkpoint = 128 if request.param == "ppo_procgen_full" else 256
-        run_name = train(script, [*flags, "--total-timesteps", str(3 * per_checkpoint)])
-    finally:
-        os.chdir(here)
-    run_dir = cwd / "runs" / run_name
+    flags = [*smoke_args(request.param), "--device", "cpu", "--checkpoint-interval", "1", "--keep-checkpoints", "9"]
+    per_checkpoint = 128 if request.param == "ppo_procgen_full" else 256
+    run_dir = run_once(tmp_path_factory, script, [*flags, "--total-timesteps", str(3 * per_checkpoint)])
     assert len(list((run_dir / "checkpoints").glob("iter_*.pt"))) == 3
     return script, flags, per_checkpoint, run_dir
-
-
-def copy_of(run_dir, tmp_path):
-    shutil.copytree(run_dir, tmp_path / "runs" / run_dir.name)
-    return tmp_path / "runs" / run_dir.name
 
 
 def test_a_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(three_checkpoints, tmp_path, monkeypatch, capsys):
