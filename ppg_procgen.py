@@ -52,7 +52,7 @@ class Args:
     seed: int = 1
     """seed of python, numpy, torch and procgen's level generator: one seed gives one run"""
     torch_deterministic: bool = True
-    """if toggled, deterministic cuDNN, no TF32: a GPU run repeats itself, close to (not equal to) a CPU run"""
+    """if toggled, deterministic cuDNN (its TF32 convolutions stay on, torch's default): a GPU run repeats itself"""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`"""
     track: bool = False
@@ -323,37 +323,76 @@ def policy_kl(old_logits, new_logits):
 
 # [22] The auxiliary phase: distil the value into the policy network while cloning the old policy.
 def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args):
-    """E_aux epochs over the phase buffer, `num_aux_rollouts` whole rollouts per minibatch; returns mean losses.
-
-    `aux_obs` is (num_steps, rollouts, *observation shape) uint8 and `aux_returns` (num_steps, rollouts).
-    """
+    """E_aux epochs over the phase buffer (`aux_obs`: num_steps x rollouts x a frame, uint8; `aux_returns`: num_steps x
+    rollouts), `num_aux_rollouts` whole rollouts per minibatch; returns the mean losses."""
     num_rollouts, mb_rollouts = aux_obs.shape[1], args.num_aux_rollouts
     # the old policy: its logits for the whole buffer, before any auxiliary step
     with torch.no_grad():
         chunks = [aux_obs[:, i : i + mb_rollouts] for i in range(0, num_rollouts, mb_rollouts)]
         aux_logits = torch.cat([agent.get_pi(c.flatten(0, 1)).unflatten(0, c.shape[:2]) for c in chunks], dim=1)
-    stats = {"kl_loss": [], "aux_value_loss": [], "real_value_loss": []}
+    stats = []
     optimizer.zero_grad()
     for _epoch in range(args.e_auxiliary):
         minibatches = minibatch_indices(num_rollouts, mb_rollouts, aux_obs.device)
         for i, mb_inds in enumerate(minibatches):
-            m_obs = aux_obs[:, mb_inds].flatten(0, 1)
-            m_returns = aux_returns[:, mb_inds].reshape(-1)
-            m_logits = aux_logits[:, mb_inds].reshape(-1, aux_logits.shape[-1])
-            new_pi, new_value, new_aux_value = agent.get_pi_value_and_aux_value(m_obs)
-            kl_loss = policy_kl(m_logits, new_pi.logits)
-            aux_value_loss = 0.5 * ((new_aux_value.view(-1) - m_returns) ** 2).mean()
-            real_value_loss = 0.5 * ((new_value.view(-1) - m_returns) ** 2).mean()
-            loss = aux_value_loss + args.beta_clone * kl_loss + real_value_loss
-            # gradients of n_aux_grad_accum minibatches add up before a step; zeroed only after it
-            (loss / args.n_aux_grad_accum).backward()
-            if (i + 1) % args.n_aux_grad_accum == 0:
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            for key, value in zip(stats, (kl_loss, aux_value_loss, real_value_loss), strict=True):
-                stats[key].append(value.detach())
-    return dict(zip(stats, [torch.stack(v).mean().item() for v in stats.values()], strict=True))
+            step = (i + 1) % args.n_aux_grad_accum == 0  # the gradients of n_aux_grad_accum minibatches add up
+            mb = [x[:, mb_inds].flatten(0, 1) for x in (aux_obs, aux_returns, aux_logits)]  # whole rollouts, flattened
+            stats.append(aux_minibatch(agent, optimizer, mb, step, args))
+    names = ("kl_loss", "aux_value_loss", "real_value_loss")  # as aux_minibatch's
+    return dict(zip(names, torch.stack(stats).mean(0).tolist(), strict=True))
+
+
+def aux_minibatch(agent, optimizer, mb, step, args: Args):
+    """Forward, the losses, backward on one auxiliary minibatch; with `step`, clipping, the step, zeroed gradients"""
+    m_obs, m_returns, m_logits = mb
+    new_pi, new_value, new_aux_value = agent.get_pi_value_and_aux_value(m_obs)
+    kl_loss = policy_kl(m_logits, new_pi.logits)
+    aux_value_loss = 0.5 * ((new_aux_value.view(-1) - m_returns) ** 2).mean()
+    real_value_loss = 0.5 * ((new_value.view(-1) - m_returns) ** 2).mean()
+    loss = aux_value_loss + args.beta_clone * kl_loss + real_value_loss
+    (loss / args.n_aux_grad_accum).backward()
+    if step:
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+    return torch.stack([kl_loss, aux_value_loss, real_value_loss]).detach()
+
+
+# The loop's three stages (as LeanRL and purejaxrl cut theirs): the policy step, the advantages (`compute_gae`) and one
+# update minibatch. None branches on data or reads a number back to the host: the full files compile each whole.
+def policy_step(agent, next_obs):
+    """Observation in; the sampled action, its log-probability and the value out."""
+    with torch.no_grad():
+        action, logprob, _, value = agent.get_action_and_value(next_obs)
+    return action, logprob, value.flatten()
+
+
+def update_minibatch(agent, optimizer, mb, epoch, args: Args):
+    """Forward, the losses, backward, clipping and the optimizer's step on one minibatch; its statistics, on device"""
+    mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values = mb
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():  # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    pg_loss = clipped_policy_loss(logratio, mb_advantages, args.clip_coef).mean()
+    v_loss = clipped_value_loss(newvalue[:, 0], mb_values, mb_returns, args.clip_range_vf).mean()
+    entropy_loss = entropy.mean()  # [16] entropy bonus, keeps exploring
+    # [24] E_pi policy and E_V value epochs share their minibatch passes; past E_pi (or E_V) that loss is left out: what
+    # only it reaches gets no gradient (None) and Adam skips it (zero gradients, and Adam's momentum would move it)
+    loss = torch.zeros((), device=mb_values.device)
+    if epoch < args.e_policy:
+        loss = loss + pg_loss - args.ent_coef * entropy_loss
+    if epoch < args.v_value:
+        loss = loss + v_loss * args.vf_coef
+    optimizer.zero_grad()
+    loss.backward()
+    # [17] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
 
 
 def log_episodes(episodes, infos, global_step, tag):
@@ -377,7 +416,7 @@ def train(args: Args):
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
                    name=run_name, monitor_gym=True, save_code=True)  # fmt: skip
-    writer = SummaryWriter(run_dir)
+    writer = SummaryWriter(run_dir, max_queue=1000)  # an iteration's episodes queue up: the loop never waits on disk
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
     console(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on {device}; "
@@ -389,7 +428,6 @@ def train(args: Args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.backends.cudnn.benchmark = not args.torch_deterministic  # GPUs only: set either way, torch's defaults vary
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not args.torch_deterministic
 
     # env setup: [11] training levels [start_level, start_level + num_levels), held-out test envs on all levels
     envs = make_envs(args.num_envs, args.seed, args.num_levels, args.start_level, args)
@@ -402,7 +440,7 @@ def train(args: Args):
         test_obs = torch.as_tensor(test_envs.reset()[0], device=device)
 
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n, args.feature_dim, args.init_fn,
-                  args.arch).to(device)  # fmt: skip
+                  args.arch).to(device, memory_format=torch.channels_last)  # fmt: skip  # the frames' layout (NHWC)
     # [13] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
@@ -418,7 +456,7 @@ def train(args: Args):
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
-    exit_on_ctrl_c(run_name)
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped; runs/{run_name} has what finished"))
     next_obs = torch.as_tensor(envs.reset()[0], device=device)  # procgen's levels were seeded when it was made
     next_done = torch.zeros(envs.num_envs, device=device)
     recent_returns, recent_test_returns, start_time = deque(maxlen=100), deque(maxlen=100), time.time()  # the console
@@ -435,11 +473,8 @@ def train(args: Args):
             obs[step] = next_obs
             dones[step] = next_done
             # ALGO LOGIC: action logic
-            with torch.no_grad():
-                action, logprob, _, value = agent.get_action_and_value(next_obs)
-                values[step] = value.flatten()
+            action, logprobs[step], values[step] = policy_step(agent, next_obs)
             actions[step] = action
-            logprobs[step] = logprob
             # TRY NOT TO MODIFY: execute the game and log data.
             next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
             rewards[step] = torch.as_tensor(reward, device=device).view(-1)
@@ -449,8 +484,7 @@ def train(args: Args):
 
         if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [11] held-out levels, the same policy
             for _ in range(args.num_steps):
-                with torch.no_grad():
-                    test_action = agent.get_action_and_value(test_obs)[0]
+                test_action = policy_step(agent, test_obs)[0]
                 test_obs, _, _, _, test_infos = test_envs.step(test_action.cpu().numpy())
                 test_obs = torch.as_tensor(test_obs, device=device)
                 log_episodes(episodes, test_infos, global_step, "test_")
@@ -466,47 +500,22 @@ def train(args: Args):
         aux_returns[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = returns
         # flatten the batch
         b_obs = obs.reshape((-1, *envs.single_observation_space.shape))
-        b_logprobs = logprobs.reshape(-1)
-        b_actions = actions.reshape(-1)
+        b_logprobs, b_actions, b_values = logprobs.reshape(-1), actions.reshape(-1), values.reshape(-1)
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-        b_values = values.reshape(-1)
         # [15] Advantages normalised over the whole batch, once (OpenAI's PPG code), not per minibatch (CleanRL's PPO).
         if args.norm_adv:
             b_mean, b_std = b_advantages.mean(), b_advantages.std()
             b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
 
         # Optimizing the policy and value network
-        clipfracs = []  # kept on the device, read once when logged: no sync per minibatch
+        clipfracs, batch = [], (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
         for epoch in range(max(args.e_policy, args.v_value)):
             for mb_inds in minibatch_indices(args.batch_size, args.minibatch_size, device):
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                logratio = newlogprob - b_logprobs[mb_inds]
-                ratio = logratio.exp()
-                with torch.no_grad():
-                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                    old_approx_kl = (-logratio).mean()
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean()]
-                pg_loss = clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef).mean()
-                v_loss = clipped_value_loss(newvalue[:, 0], b_values[mb_inds], b_returns[mb_inds], args.clip_range_vf)
-                v_loss = v_loss.mean()
-                entropy_loss = entropy.mean()  # [16] entropy bonus, keeps exploring
-                # [24] E_pi policy epochs and E_V value epochs share their minibatch passes. An epoch past E_pi (or
-                # E_V) leaves that loss out: what only it reaches gets no gradient (None), and Adam skips it; a loss
-                # multiplied by 0 would give zero gradients, and Adam would still move those weights on its momentum.
-                loss = torch.zeros((), device=device)
-                if epoch < args.e_policy:
-                    loss = loss + pg_loss - args.ent_coef * entropy_loss
-                if epoch < args.v_value:
-                    loss = loss + v_loss * args.vf_coef
-                optimizer.zero_grad()
-                loss.backward()
-                # [17] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                mb_stats = update_minibatch(agent, optimizer, [x[mb_inds] for x in batch], epoch, args)
+                clipfracs.append(mb_stats[5])  # kept on the device, read once when logged: no sync per minibatch
 
             # [18] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
-            if args.target_kl is not None and approx_kl.item() > args.target_kl:
+            if args.target_kl is not None and mb_stats[4].item() > args.target_kl:
                 break
 
         y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
@@ -514,12 +523,10 @@ def train(args: Args):
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         # TRY NOT TO MODIFY: record rewards for plotting purposes
-        stats = {
-            "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
-            "losses/entropy": entropy_loss.item(), "losses/old_approx_kl": old_approx_kl.item(),
-            "losses/approx_kl": approx_kl.item(), "losses/clipfrac": torch.stack(clipfracs).mean().item(),
-            "losses/explained_variance": explained_var, "charts/learning_rate": optimizer.param_groups[0]["lr"],
-        }  # fmt: skip
+        mb_stats[5] = torch.stack(clipfracs).mean()  # over the whole update; the losses and KLs: the last minibatch's
+        names = "value_loss policy_loss entropy old_approx_kl approx_kl clipfrac".split()  # as update_minibatch's
+        stats = {f"losses/{name}": value for name, value in zip(names, mb_stats.tolist(), strict=True)}
+        stats |= {"losses/explained_variance": explained_var, "charts/learning_rate": optimizer.param_groups[0]["lr"]}
         for tag, value in stats.items():
             writer.add_scalar(tag, value, global_step)
         for tag, step, r, l in episodes:
@@ -556,11 +563,6 @@ def tune_allocator():
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
         for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
             ctypes.CDLL("libc.so.6").mallopt(option, value)
-
-
-def exit_on_ctrl_c(run_name):
-    """Ctrl-C: one line saying where the log is, not a traceback from inside torch; the log keeps what finished."""
-    signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped; runs/{run_name} has what finished"))
 
 
 def report(iteration, global_step, sps, took, recent, args: Args):

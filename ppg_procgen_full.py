@@ -82,7 +82,7 @@ class Args:
     seed: int = 1
     """seed of python, numpy, torch and procgen's level generator: one seed gives one run"""
     torch_deterministic: bool = True
-    """if toggled, deterministic cuDNN, no TF32: a GPU run repeats itself, close to (not equal to) a CPU run"""
+    """if toggled, deterministic cuDNN (its TF32 convolutions stay on, torch's default): a GPU run repeats itself"""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`"""
     track: bool = False
@@ -221,7 +221,8 @@ class Args:
     beside the training envs; pipelined: folded, and the training envs in two halves, one stepping while the other's
     actions are computed. The same numbers on a CPU (the rollout's noise is drawn ahead, in the same order)"""
     compile: Literal["off", "default", "reduce-overhead"] = "off"
-    """torch.compile the encoders (forward and backward); `reduce-overhead` adds CUDA graphs on a GPU"""
+    """torch.compile the loop's stages, each whole (the policy step, the advantages, the update minibatch, the
+    auxiliary minibatch); `reduce-overhead` adds CUDA graphs on a GPU"""
     aux_optimizer: Literal["shared", "separate"] = "shared"
     """the auxiliary phase's Adam: `shared` with the policy phase (CleanRL's PPG, ours), or `separate`, one of its
     own, kept from phase to phase (OpenAI's PPG code)"""
@@ -367,8 +368,14 @@ class RolloutPolicy:
     in which the plain rollout and the test envs' loop draw it: where the forward pass gives an observation the same
     output in any batch (a CPU), the run logs the same numbers as with `--rollout plain`."""
 
-    def __init__(self, agent, envs, test_envs, test_obs, args: Args, to_device):
-        self.agent, self.envs, self.test_envs, self.test_obs = agent, envs, test_envs, test_obs
+    def __init__(self, agent, policy_step, envs, test_envs, test_obs, args: Args, to_device):
+        self.agent, self.policy_step, self.envs, self.test_envs, self.test_obs = (
+            agent,
+            policy_step,
+            envs,
+            test_envs,
+            test_obs,
+        )
         self.to_device, self.t, self.test_episodes, self.noise = to_device, 0, [], None
         self.size = envs.num_envs // (2 if args.rollout == "pipelined" else 1)
         actions, device = envs.single_action_space.n, next(agent.parameters()).device
@@ -379,14 +386,14 @@ class RolloutPolicy:
 
     def __call__(self, next_obs):
         if self.noise is None:
-            return self.agent.get_action_and_value(next_obs)
+            return self.policy_step(self.agent, next_obs)
         outs, last = [], len(next_obs) // self.size - 1
         for k in range(last + 1):
             rows = slice(k * self.size, (k + 1) * self.size)
             x, noise = next_obs[rows], self.noise[self.t, rows]
             if k == last and self.test_envs is not None:
                 x, noise = torch.cat([x, self.test_obs]), torch.cat([noise, self.test_noise[self.t]])
-            out = self.agent.get_action_and_value(x, noise=noise)
+            out = self.policy_step(self.agent, x, noise)
             if k == last and self.test_envs is not None:
                 self.test_action = out[0][self.size :].cpu().numpy()
                 self.test_envs.unwrapped.act_ahead(self.test_action)
@@ -533,6 +540,7 @@ class RND(nn.Module):
         self.register_buffer("return_var", torch.tensor(1.0))
         self.register_buffer("return_count", torch.tensor(0.0))
         self.register_buffer("intrinsic_return", torch.zeros(num_envs))  # a running, non-episodic return per env
+        self.register_buffer("last_loss", torch.zeros(()), persistent=False)  # the update's last minibatch's, logged
 
     def merge(self, mean, var, count, batch):
         """Update a running mean and variance in place with a batch (Chan et al.'s parallel formula)."""
@@ -598,19 +606,16 @@ def autocast_bf16(module):
 
 # ── the agent's options [31], [33], [35], [36] ──
 def agent_options(agent, envs, test_envs, args: Args):
-    """RND [33] and the weights to start from; bf16 autocast [31] and torch.compile [36] of the encoders alone (bf16
-    heads would round logits and values before the ratio; the heads are one small layer each); and [35] the folded
-    or pipelined rollout's envs."""
+    """RND [33] and the weights to start from; bf16 autocast [31] of the encoders alone (bf16 heads would round logits
+    and values before the ratio; the heads are one small layer each); and [35] the folded or pipelined rollout's
+    envs."""
     if args.intrinsic_coef > 0:
         agent.rnd = RND(args.local_num_envs, args.gamma, args.world_size)
     if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
         load_weights(agent, args.init_model, "init-model")
     for name, module in agent.named_children():
-        if name in ("network", "value_network"):
-            if args.autocast == "bf16":
-                autocast_bf16(module)
-            if args.compile != "off":  # in place: the weights keep their names in checkpoints
-                module.compile(mode=args.compile)
+        if name in ("network", "value_network") and args.autocast == "bf16":
+            autocast_bf16(module)
     if args.rollout != "plain":
         envs.unwrapped.start_ahead(2 if args.rollout == "pipelined" else 1)
         if test_envs is not None:
@@ -618,6 +623,54 @@ def agent_options(agent, envs, test_envs, args: Args):
 
 
 # ── end the agent's options ──
+
+
+# ── torch.compile [36]: the loop's stages, each compiled whole ──
+def compiled_stages(optimizers, device, args: Args):
+    """The stages `train` calls: as they are, or (`--compile`) each compiled whole. Compiled, the learning rate is a
+    device tensor changed in place (`set_lr`) and on a GPU Adam keeps its step counts there too (capturable), so the
+    compiled optimizer step reads both without recompiling or waiting; random draws inside a stage come from torch's
+    own generator (inductor's `fallback_random`), so that a compiled run draws what an eager one draws; with CUDA
+    graphs (`reduce-overhead`) each call's outputs are copied out of the graph's memory, which the next replay reuses"""
+    stages = (policy_step, compute_gae, update_minibatch, aux_minibatch)
+    if args.compile == "off":
+        return stages
+    import torch._inductor.config
+
+    torch._inductor.config.fallback_random = True
+    capturable = device.type == "cuda"
+    for optimizer in {id(o): o for o in optimizers}.values():
+        for group in optimizer.param_groups:
+            group["lr"], group["capturable"] = torch.tensor(float(group["lr"]), device=device), capturable
+        for state in optimizer.state.values():  # a resumed run's step counts, where capturable Adam keeps them
+            if "step" in state:
+                state["step"] = state["step"].to(device if capturable else "cpu", torch.float32)
+
+    def compiled(stage):
+        stage = torch.compile(stage, mode=args.compile, dynamic=False)
+        if args.compile != "reduce-overhead" or not capturable:
+            return stage
+
+        def replay(*stage_args):
+            torch.compiler.cudagraph_mark_step_begin()
+            out = stage(*stage_args)
+            return torch.utils._pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out)
+
+        return replay
+
+    return [compiled(stage) for stage in stages]
+
+
+def set_lr(optimizer, lr):
+    """Set the learning rate, in place where it is a device tensor (`--compile`): the compiled step keeps its graph"""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
+# ── end torch.compile ──
 
 
 def preprocess(x):
@@ -719,57 +772,58 @@ def policy_kl(old_logits, new_logits):
 
 # [22] The auxiliary phase: distil the value into the policy network while cloning the old policy.
 def auxiliary_phase(
-    agent, optimizer, aux_obs, aux_returns, args: Args, progress=lambda text: None, after=None, resume=None
+    agent, optimizer, aux_obs, aux_returns, args: Args, progress=lambda text: None, after=None, resume=None, stage=None
 ):
-    """E_aux epochs over the phase buffer, `num_aux_rollouts` whole rollouts per minibatch; returns mean losses.
-
-    `aux_obs` is (num_steps, rollouts, *observation shape) uint8 and `aux_returns` (num_steps, rollouts).
-    `after(epoch, state)` is called after each epoch with a function that returns the phase's state so far (for a
-    checkpoint); `resume`, such a state, continues the phase after its epoch instead of starting it.
-    """
+    """E_aux epochs over the phase buffer (`aux_obs`: num_steps x rollouts x a frame, uint8; `aux_returns`: num_steps x
+    rollouts), `num_aux_rollouts` whole rollouts per minibatch; returns the mean losses."""
+    # [25] `after(epoch, state)` is called after each epoch with a function that returns the phase's state so far (for
+    # a checkpoint); `resume`, such a state, continues the phase after its epoch; [36] `stage`: aux_minibatch compiled
     num_rollouts, mb_rollouts = aux_obs.shape[1], args.num_aux_rollouts // args.world_size  # [30] this process's share
     # the old policy: its logits for the whole buffer, before any auxiliary step
     with torch.no_grad():
         chunks = [aux_obs[:, i : i + mb_rollouts] for i in range(0, num_rollouts, mb_rollouts)]
         old = (agent.get_pi(c.flatten(0, 1)).unflatten(0, c.shape[:2]) for c in chunks)  # not run on a resume [25]
         aux_logits = resume["logits"].to(aux_obs.device) if resume else torch.cat(list(old), dim=1)
-    stats = {"kl_loss": [], "aux_value_loss": [], "real_value_loss": []}
+    stats = []
     optimizer.zero_grad()
     # ── checkpoints [25]: the phase's state after an epoch, and a phase resumed from it ──
     if resume is not None:  # the losses so far (an epoch ends on an optimizer step: no gradients are pending)
-        stats = {key: list(values.to(aux_obs.device)) for key, values in resume["stats"].items()}
+        stats = list(resume["stats"].to(aux_obs.device))
 
     def state():
-        return {"logits": aux_logits.cpu(), "stats": {key: torch.stack(v).cpu() for key, v in stats.items()}}
+        return {"logits": aux_logits.cpu(), "stats": torch.stack(stats).cpu()}
 
     # ── end checkpoints ──
     for _epoch in range(resume["epoch"] if resume else 0, args.e_auxiliary):
         minibatches = minibatch_indices(num_rollouts, mb_rollouts, aux_obs.device)
         for i, mb_inds in enumerate(minibatches):
-            m_obs = aux_obs[:, mb_inds].flatten(0, 1)
-            m_returns = aux_returns[:, mb_inds].reshape(-1)
-            m_logits = aux_logits[:, mb_inds].reshape(-1, aux_logits.shape[-1])
-            new_pi, new_value, new_aux_value = agent.get_pi_value_and_aux_value(m_obs)
-            kl_loss = policy_kl(m_logits, new_pi.logits)
-            aux_value_loss = 0.5 * ((new_aux_value.view(-1) - m_returns) ** 2).mean()
-            real_value_loss = 0.5 * ((new_value.view(-1) - m_returns) ** 2).mean()
-            loss = aux_value_loss + args.beta_clone * kl_loss + real_value_loss
-            # gradients of n_aux_grad_accum minibatches add up before a step; zeroed only after it
-            (loss / args.n_aux_grad_accum).backward()
-            if (i + 1) % args.n_aux_grad_accum == 0:
-                all_reduce_grads(agent.parameters(), args.world_size)  # [30]
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
+            step = (i + 1) % args.n_aux_grad_accum == 0  # the gradients of n_aux_grad_accum minibatches add up
+            mb = [x[:, mb_inds].flatten(0, 1) for x in (aux_obs, aux_returns, aux_logits)]  # whole rollouts, flattened
+            stats.append((stage or aux_minibatch)(agent, optimizer, mb, step, args))
             progress(f"auxiliary phase  epoch {_epoch + 1}/{args.e_auxiliary}  minibatch {i + 1}/{len(minibatches)}")
-            for key, value in zip(stats, (kl_loss, aux_value_loss, real_value_loss), strict=True):
-                stats[key].append(value.detach())
         # ── checkpoints [25]: between epochs, when one is due ──
         if after is not None:
             after(_epoch + 1, state)
         # ── end checkpoints ──
-    means = [torch.stack(v).mean().item() for v in stats.values()]
-    return dict(zip(stats, rank_reduce(means, args.world_size), strict=True))  # [30]
+    names = ("kl_loss", "aux_value_loss", "real_value_loss")  # as aux_minibatch's
+    return dict(zip(names, rank_reduce(torch.stack(stats).mean(0).tolist(), args.world_size), strict=True))  # [30]
+
+
+def aux_minibatch(agent, optimizer, mb, step, args: Args):
+    """Forward, the losses, backward on one auxiliary minibatch; with `step`, clipping, the step, zeroed gradients"""
+    m_obs, m_returns, m_logits = mb
+    new_pi, new_value, new_aux_value = agent.get_pi_value_and_aux_value(m_obs)
+    kl_loss = policy_kl(m_logits, new_pi.logits)
+    aux_value_loss = 0.5 * ((new_aux_value.view(-1) - m_returns) ** 2).mean()
+    real_value_loss = 0.5 * ((new_value.view(-1) - m_returns) ** 2).mean()
+    loss = aux_value_loss + args.beta_clone * kl_loss + real_value_loss
+    (loss / args.n_aux_grad_accum).backward()
+    if step:
+        all_reduce_grads(agent.parameters(), args.world_size)  # [30]
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+    return torch.stack([kl_loss, aux_value_loss, real_value_loss]).detach()
 
 
 # ── prioritised sampling [29] of env segments (Metta's PPO loss; Schaul et al., 2016) ──
@@ -808,6 +862,51 @@ def weighted_mean(x, weights=None):
 
 
 # ── end prioritised sampling ──
+
+
+# The loop's three stages (as LeanRL and purejaxrl cut theirs): the policy step, the advantages (`compute_gae`) and one
+# update minibatch. None branches on data or reads a number back to the host: the full files compile each whole.
+def policy_step(agent, next_obs, noise=None):
+    """Observation in; the sampled action, its log-probability and the value out."""
+    with torch.no_grad():
+        action, logprob, _, value = agent.get_action_and_value(next_obs, noise=noise)  # [35] noise drawn ahead
+    return action, logprob, value.flatten()
+
+
+def update_minibatch(agent, optimizer, mb, epoch, args: Args):
+    """Forward, the losses, backward, clipping and the optimizer's step on one minibatch; its statistics, on device"""
+    mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, mb_weights = mb  # [29] weights or None
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():  # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    pg_loss = weighted_mean(clipped_policy_loss(logratio, mb_advantages, args.clip_coef), mb_weights)  # [29]
+    v_loss = weighted_mean(clipped_value_loss(newvalue[:, 0], mb_values, mb_returns, args.clip_range_vf), mb_weights)
+    entropy_loss = entropy.mean()  # [16] entropy bonus, keeps exploring
+    # [24] E_pi policy and E_V value epochs share their minibatch passes; past E_pi (or E_V) that loss is left out: what
+    # only it reaches gets no gradient (None) and Adam skips it (zero gradients, and Adam's momentum would move it)
+    loss = torch.zeros((), device=mb_values.device)
+    if epoch < args.e_policy:
+        loss = loss + pg_loss - args.ent_coef * entropy_loss
+    if epoch < args.v_value:
+        loss = loss + v_loss * args.vf_coef
+    # ── RND [33]: the predictor learns on a random share of each minibatch ──
+    if args.intrinsic_coef > 0:
+        share = torch.rand(len(mb_obs), device=mb_obs.device) < args.rnd_update_proportion
+        rnd_loss = (agent.rnd.prediction_error(mb_obs) * share).sum() / share.sum().clamp(min=1)
+        loss = loss + rnd_loss
+        agent.rnd.last_loss.copy_(rnd_loss.detach())  # in place: a compiled stage returns only the lean's statistics
+    # ── end RND ──
+    optimizer.zero_grad()
+    loss.backward()
+    all_reduce_grads(agent.parameters(), args.world_size)  # [30]
+    # [17] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
 
 
 def log_episodes(episodes, infos, global_step, tag):
@@ -883,6 +982,7 @@ def rank_reduce(values, world_size, mean=True):
     """Per-process floats (a list) reduced over the processes: their mean, or (mean=False) their maximum."""
     if world_size == 1:
         return values
+    values = [float(v) for v in values]  # numbers, or one-number tensors ([36] a compiled run's learning rate)
     tensor = torch.tensor(values, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM if mean else dist.ReduceOp.MAX)
     return (tensor / world_size if mean else tensor).tolist()
@@ -1461,7 +1561,7 @@ def train(args: Args):
     # of them where a restarted torchrun job starts anew in its directory, having no checkpoint)
     purge_step = ckpt["global_step"] + 1 if ckpt else 0
     writer = (
-        SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"), purge_step=purge_step)
+        SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"), purge_step=purge_step, max_queue=1000)
         if args.rank == 0
         else NullWriter()
     )
@@ -1476,7 +1576,6 @@ def train(args: Args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.backends.cudnn.benchmark = not args.torch_deterministic  # GPUs only: set either way, torch's defaults vary
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not args.torch_deterministic
 
     # env setup: [11] training levels [start_level, start_level + num_levels), held-out test envs on all levels
     env_seed = args.seed + 7919 * args.rank  # [30] every process plays its own levels
@@ -1493,7 +1592,7 @@ def train(args: Args):
                   args.arch, args.hidden_dim)  # fmt: skip
     # ── the agent's options [31], [33], [35], [36] ──
     agent_options(agent, envs, test_envs if args.eval_interval > 0 else None, args)
-    agent = agent.to(device)
+    agent = agent.to(device, memory_format=torch.channels_last)  # as the frames come (NHWC): no conversions
     # ── end the agent's options ──
     # ── torchrun [30]: the same starting weights everywhere, but each process samples its own actions ──
     if args.world_size > 1:
@@ -1523,7 +1622,7 @@ def train(args: Args):
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
-    exit_on_ctrl_c(run_name)  # until the checkpoints' handler below takes over
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped; runs/{run_name} has what finished"))
     next_obs = torch.as_tensor(envs.reset()[0], device=device)  # procgen's levels were seeded when it was made
     next_done = torch.zeros(envs.num_envs, device=device)
     recent_returns, recent_test_returns, start_time = deque(maxlen=100), deque(maxlen=100), time.time()  # the console
@@ -1540,6 +1639,9 @@ def train(args: Args):
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
     stop = GracefulStop()
     # ── end checkpoints ──
+    # ── torch.compile [36]: the loop's stages, each compiled whole (or as they are) ──
+    policy_step, compute_gae, update_minibatch, aux_minibatch = compiled_stages(optimizers, device, args)
+    # ── end torch.compile ──
     start_time, start_step = time.time(), global_step  # [25] the steps per second count from here, on a resume too
     # ── the status line: drawn by `progress`, on rank 0's terminal only ──
     if sys.stdout.isatty() and args.rank == 0 and not isinstance(sys.stdout, StatusLine):
@@ -1598,7 +1700,15 @@ def train(args: Args):
     if ckpt and mine.get("aux") is not None:  # stopped inside an auxiliary phase [22]: finish it, then go on
         iteration, aux_start = ckpt["iteration"], time.time()
         aux_stats = auxiliary_phase(
-            agent, aux_optimizer, aux_obs, aux_returns, args, progress, checkpoint_inside_aux, mine["aux"]
+            agent,
+            aux_optimizer,
+            aux_obs,
+            aux_returns,
+            args,
+            progress,
+            checkpoint_inside_aux,
+            mine["aux"],
+            aux_minibatch,
         )
         writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # the resumed part's
         for key, value in aux_stats.items():
@@ -1616,16 +1726,17 @@ def train(args: Args):
         if args.anneal_lr:  # [14] learning-rate annealing over the whole run
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
-            optimizer.param_groups[0]["lr"] = lrnow
+            set_lr(optimizer, lrnow)  # [36] in place where it is a device tensor
             # ── separate auxiliary optimizer: annealed alike ──
-            aux_optimizer.param_groups[0]["lr"] = lrnow
+            set_lr(aux_optimizer, lrnow)
             # ── end separate auxiliary optimizer ──
 
         env_time = inference_time = 0.0  # [32] perf timers: where the time goes, logged as perf/*
         # ── folded and pipelined rollouts [35] ──
         eval_now = args.eval_interval > 0 and iteration % args.eval_interval == 0
         folded = eval_now and args.rollout != "plain"
-        policy = RolloutPolicy(agent, envs, *((test_envs, test_obs) if folded else (None, None)), args, to_device)
+        policy = RolloutPolicy(agent, policy_step, envs, *((test_envs, test_obs) if folded else (None, None)), args,
+                               to_device)  # fmt: skip
         # ── end folded and pipelined rollouts ──
         for step in range(0, args.num_steps):
             global_step += args.num_envs
@@ -1633,11 +1744,8 @@ def train(args: Args):
             dones[step] = next_done
             # ALGO LOGIC: action logic
             tick = time.perf_counter()  # [32]
-            with torch.no_grad():
-                action, logprob, _, value = policy(next_obs)  # [35] agent.get_action_and_value, or folded
-                values[step] = value.flatten()
+            action, logprobs[step], values[step] = policy(next_obs)  # [35] policy_step, or folded
             actions[step] = action
-            logprobs[step] = logprob
             action = action.cpu().numpy()
             inference_time += time.perf_counter() - tick  # [32]
             # TRY NOT TO MODIFY: execute the game and log data.
@@ -1659,8 +1767,7 @@ def train(args: Args):
         eval_start = time.perf_counter()  # [32]
         if eval_now and not folded:  # [11] held-out levels, the same policy (or [35] folded into the rollout)
             for _ in range(args.num_steps):
-                with torch.no_grad():
-                    test_action = agent.get_action_and_value(test_obs)[0]
+                test_action = policy_step(agent, test_obs)[0]
                 test_obs, _, _, _, test_infos = test_envs.step(test_action.cpu().numpy())
                 test_obs = to_device("test_obs", test_obs)
                 log_episodes(episodes, test_infos, global_step, "test_")
@@ -1684,17 +1791,15 @@ def train(args: Args):
         aux_returns[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = returns
         # flatten the batch
         b_obs = obs.reshape((-1, *envs.single_observation_space.shape))
-        b_logprobs = logprobs.reshape(-1)
-        b_actions = actions.reshape(-1)
+        b_logprobs, b_actions, b_values = logprobs.reshape(-1), actions.reshape(-1), values.reshape(-1)
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-        b_values = values.reshape(-1)
         # [15] Advantages normalised over the whole batch, once (OpenAI's PPG code), not per minibatch (CleanRL's PPO).
         if args.norm_adv:
             b_mean, b_std = global_mean_std(b_advantages, args.world_size)  # [30] over all processes' batches
             b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
 
         # Optimizing the policy and value network
-        clipfracs = []  # kept on the device, read once when logged: no sync per minibatch
+        clipfracs, batch = [], (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
         rho_clipfracs, mb_weight_means = [], []  # [28], [29]
         beta = args.prio_beta0 + (1 - args.prio_beta0) * (iteration - 1) / max(1, args.num_iterations - 1)  # [29]
         for epoch in range(max(args.e_policy, args.v_value)):
@@ -1716,46 +1821,17 @@ def train(args: Args):
                 if args.norm_adv:  # [15] normalised again, as they were before the first epoch
                     b_mean, b_std = global_mean_std(b_advantages, args.world_size)
                     b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
+                batch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
             # ── end V-trace ──
             for mb_inds, mb_weights in minibatches(advantages, args, beta):  # [29]
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                logratio = newlogprob - b_logprobs[mb_inds]
-                ratio = logratio.exp()
-                with torch.no_grad():
-                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                    old_approx_kl = (-logratio).mean()
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean()]
-                pg_loss = weighted_mean(
-                    clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef), mb_weights
-                )
-                v_loss = clipped_value_loss(newvalue[:, 0], b_values[mb_inds], b_returns[mb_inds], args.clip_range_vf)
-                v_loss = weighted_mean(v_loss, mb_weights)  # [29]
-                if mb_weights is not None:
+                mb_stats = update_minibatch(agent, optimizer, [*(x[mb_inds] for x in batch), mb_weights], epoch, args)
+                clipfracs.append(mb_stats[5])  # kept on the device, read once when logged: no sync per minibatch
+                if mb_weights is not None:  # [29]
                     mb_weight_means.append(mb_weights.mean())
-                entropy_loss = entropy.mean()  # [16] entropy bonus, keeps exploring
-                # [24] E_pi policy epochs and E_V value epochs share their minibatch passes. An epoch past E_pi (or
-                # E_V) leaves that loss out: what only it reaches gets no gradient (None), and Adam skips it; a loss
-                # multiplied by 0 would give zero gradients, and Adam would still move those weights on its momentum.
-                loss = torch.zeros((), device=device)
-                if epoch < args.e_policy:
-                    loss = loss + pg_loss - args.ent_coef * entropy_loss
-                if epoch < args.v_value:
-                    loss = loss + v_loss * args.vf_coef
-                if args.intrinsic_coef > 0:  # [33] the RND predictor learns on a random share of each minibatch
-                    share = torch.rand(len(mb_inds), device=device) < args.rnd_update_proportion
-                    rnd_loss = (agent.rnd.prediction_error(b_obs[mb_inds]) * share).sum() / share.sum().clamp(min=1)
-                    loss = loss + rnd_loss
-                optimizer.zero_grad()
-                loss.backward()
-                all_reduce_grads(agent.parameters(), args.world_size)  # [30]
-                # [17] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
                 progress(f"{where}  update, epoch {epoch + 1}")
 
             # [18] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
-            if args.target_kl is not None and rank_reduce([approx_kl.item()], args.world_size)[0] > args.target_kl:
+            if args.target_kl is not None and rank_reduce([mb_stats[4].item()], args.world_size)[0] > args.target_kl:
                 break
 
         y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
@@ -1764,16 +1840,17 @@ def train(args: Args):
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         # TRY NOT TO MODIFY: record rewards for plotting purposes
-        stats = {
-            "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
-            "losses/entropy": entropy_loss.item(), "losses/old_approx_kl": old_approx_kl.item(),
-            "losses/approx_kl": approx_kl.item(), "losses/clipfrac": torch.stack(clipfracs).mean().item(),
-            "losses/explained_variance": explained_var, "charts/learning_rate": optimizer.param_groups[0]["lr"],
-        }  # fmt: skip
+        mb_stats[5] = torch.stack(clipfracs).mean()  # over the whole update; the losses and KLs: the last minibatch's
+        names = "value_loss policy_loss entropy old_approx_kl approx_kl clipfrac".split()  # as update_minibatch's
+        stats = {f"losses/{name}": value for name, value in zip(names, mb_stats.tolist(), strict=True)}
+        stats |= {"losses/explained_variance": explained_var, "charts/learning_rate": optimizer.param_groups[0]["lr"]}
         if args.vtrace:  # [28] the share of importance ratios above the clip, over the recomputing epochs
             stats["losses/vtrace_rho_clipfrac"] = torch.stack(rho_clipfracs).mean().item() if rho_clipfracs else 0.0
         if args.intrinsic_coef > 0:  # [33] the mean normalised intrinsic reward, and the predictor's loss
-            stats["charts/intrinsic_reward"], stats["losses/rnd_loss"] = intrinsic.mean().item(), rnd_loss.item()
+            stats["charts/intrinsic_reward"], stats["losses/rnd_loss"] = (
+                intrinsic.mean().item(),
+                agent.rnd.last_loss.item(),
+            )
         if args.prio_alpha > 0:  # [29] the mean importance weight of the sampled segments
             stats["losses/prio_mean_weight"] = torch.stack(mb_weight_means).mean().item()
             writer.add_scalar("charts/prio_beta", beta, global_step)
@@ -1796,7 +1873,7 @@ def train(args: Args):
         if iteration % args.n_iteration == 0:
             aux_start = time.time()
             aux_stats = auxiliary_phase(
-                agent, aux_optimizer, aux_obs, aux_returns, args, progress, checkpoint_inside_aux
+                agent, aux_optimizer, aux_obs, aux_returns, args, progress, checkpoint_inside_aux, stage=aux_minibatch
             )
             writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # [32]
             for key, value in aux_stats.items():
@@ -1805,7 +1882,7 @@ def train(args: Args):
                     + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items()))  # fmt: skip
 
         # ── divergence guard [26]: a non-finite loss or parameter stops the run before it reaches a checkpoint ──
-        losses = {"losses/policy_loss": pg_loss, "losses/value_loss": v_loss, "losses/entropy": entropy_loss}
+        losses = {f"losses/{name}": mb_stats[names.index(name)] for name in ("policy_loss", "value_loss", "entropy")}
         if diverged(agent, losses, last_good, run_name, iteration, given, args):
             writer.close()
             raise SystemExit(3)
@@ -1834,11 +1911,6 @@ def tune_allocator():
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
         for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
             ctypes.CDLL("libc.so.6").mallopt(option, value)
-
-
-def exit_on_ctrl_c(run_name):
-    """Ctrl-C: one line saying where the log is, not a traceback from inside torch; the log keeps what finished."""
-    signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped; runs/{run_name} has what finished"))
 
 
 def report(iteration, global_step, sps, took, recent, args: Args):

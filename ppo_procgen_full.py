@@ -80,7 +80,7 @@ class Args:
     seed: int = 1
     """seed of python, numpy, torch and procgen's level generator: one seed gives one run"""
     torch_deterministic: bool = True
-    """if toggled, deterministic cuDNN, no TF32: a GPU run repeats itself, close to (not equal to) a CPU run"""
+    """if toggled, deterministic cuDNN (its TF32 convolutions stay on, torch's default): a GPU run repeats itself"""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`"""
     track: bool = False
@@ -198,7 +198,8 @@ class Args:
     beside the training envs; pipelined: folded, and the training envs in two halves, one stepping while the other's
     actions are computed. The same numbers on a CPU (the rollout's noise is drawn ahead, in the same order)"""
     compile: Literal["off", "default", "reduce-overhead"] = "off"
-    """torch.compile the encoders (forward and backward); `reduce-overhead` adds CUDA graphs on a GPU"""
+    """torch.compile the loop's three stages, each whole (the policy step, the advantages, the update minibatch);
+    `reduce-overhead` adds CUDA graphs on a GPU"""
     # Distributed (under torchrun)
     backend: str | None = None
     """the torch.distributed backend under torchrun: gloo on CPU, nccl on CUDA when None"""
@@ -338,8 +339,14 @@ class RolloutPolicy:
     in which the plain rollout and the test envs' loop draw it: where the forward pass gives an observation the same
     output in any batch (a CPU), the run logs the same numbers as with `--rollout plain`."""
 
-    def __init__(self, agent, envs, test_envs, test_obs, args: Args, to_device):
-        self.agent, self.envs, self.test_envs, self.test_obs = agent, envs, test_envs, test_obs
+    def __init__(self, agent, policy_step, envs, test_envs, test_obs, args: Args, to_device):
+        self.agent, self.policy_step, self.envs, self.test_envs, self.test_obs = (
+            agent,
+            policy_step,
+            envs,
+            test_envs,
+            test_obs,
+        )
         self.to_device, self.t, self.test_episodes, self.noise = to_device, 0, [], None
         self.size = envs.num_envs // (2 if args.rollout == "pipelined" else 1)
         actions, device = envs.single_action_space.n, next(agent.parameters()).device
@@ -350,14 +357,14 @@ class RolloutPolicy:
 
     def __call__(self, next_obs):
         if self.noise is None:
-            return self.agent.get_action_and_value(next_obs)
+            return self.policy_step(self.agent, next_obs)
         outs, last = [], len(next_obs) // self.size - 1
         for k in range(last + 1):
             rows = slice(k * self.size, (k + 1) * self.size)
             x, noise = next_obs[rows], self.noise[self.t, rows]
             if k == last and self.test_envs is not None:
                 x, noise = torch.cat([x, self.test_obs]), torch.cat([noise, self.test_noise[self.t]])
-            out = self.agent.get_action_and_value(x, noise=noise)
+            out = self.policy_step(self.agent, x, noise)
             if k == last and self.test_envs is not None:
                 self.test_action = out[0][self.size :].cpu().numpy()
                 self.test_envs.unwrapped.act_ahead(self.test_action)
@@ -504,6 +511,7 @@ class RND(nn.Module):
         self.register_buffer("return_var", torch.tensor(1.0))
         self.register_buffer("return_count", torch.tensor(0.0))
         self.register_buffer("intrinsic_return", torch.zeros(num_envs))  # a running, non-episodic return per env
+        self.register_buffer("last_loss", torch.zeros(()), persistent=False)  # the update's last minibatch's, logged
 
     def merge(self, mean, var, count, batch):
         """Update a running mean and variance in place with a batch (Chan et al.'s parallel formula)."""
@@ -569,19 +577,16 @@ def autocast_bf16(module):
 
 # ── the agent's options [31], [33], [35], [36] ──
 def agent_options(agent, envs, test_envs, args: Args):
-    """RND [33] and the weights to start from; bf16 autocast [31] and torch.compile [36] of the encoders alone (bf16
-    heads would round logits and values before the ratio; the heads are one small layer each); and [35] the folded
-    or pipelined rollout's envs."""
+    """RND [33] and the weights to start from; bf16 autocast [31] of the encoders alone (bf16 heads would round logits
+    and values before the ratio; the heads are one small layer each); and [35] the folded or pipelined rollout's
+    envs."""
     if args.intrinsic_coef > 0:
         agent.rnd = RND(args.local_num_envs, args.gamma, args.world_size)
     if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
         load_weights(agent, args.init_model, "init-model")
     for name, module in agent.named_children():
-        if name in ("network", "value_network"):
-            if args.autocast == "bf16":
-                autocast_bf16(module)
-            if args.compile != "off":  # in place: the weights keep their names in checkpoints
-                module.compile(mode=args.compile)
+        if name in ("network", "value_network") and args.autocast == "bf16":
+            autocast_bf16(module)
     if args.rollout != "plain":
         envs.unwrapped.start_ahead(2 if args.rollout == "pipelined" else 1)
         if test_envs is not None:
@@ -589,6 +594,54 @@ def agent_options(agent, envs, test_envs, args: Args):
 
 
 # ── end the agent's options ──
+
+
+# ── torch.compile [36]: the loop's stages, each compiled whole ──
+def compiled_stages(optimizers, device, args: Args):
+    """The stages `train` calls: as they are, or (`--compile`) each compiled whole. Compiled, the learning rate is a
+    device tensor changed in place (`set_lr`) and on a GPU Adam keeps its step counts there too (capturable), so the
+    compiled optimizer step reads both without recompiling or waiting; random draws inside a stage come from torch's
+    own generator (inductor's `fallback_random`), so that a compiled run draws what an eager one draws; with CUDA
+    graphs (`reduce-overhead`) each call's outputs are copied out of the graph's memory, which the next replay reuses"""
+    stages = (policy_step, compute_gae, update_minibatch)
+    if args.compile == "off":
+        return stages
+    import torch._inductor.config
+
+    torch._inductor.config.fallback_random = True
+    capturable = device.type == "cuda"
+    for optimizer in {id(o): o for o in optimizers}.values():
+        for group in optimizer.param_groups:
+            group["lr"], group["capturable"] = torch.tensor(float(group["lr"]), device=device), capturable
+        for state in optimizer.state.values():  # a resumed run's step counts, where capturable Adam keeps them
+            if "step" in state:
+                state["step"] = state["step"].to(device if capturable else "cpu", torch.float32)
+
+    def compiled(stage):
+        stage = torch.compile(stage, mode=args.compile, dynamic=False)
+        if args.compile != "reduce-overhead" or not capturable:
+            return stage
+
+        def replay(*stage_args):
+            torch.compiler.cudagraph_mark_step_begin()
+            out = stage(*stage_args)
+            return torch.utils._pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out)
+
+        return replay
+
+    return [compiled(stage) for stage in stages]
+
+
+def set_lr(optimizer, lr):
+    """Set the learning rate, in place where it is a device tensor (`--compile`): the compiled step keeps its graph"""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
+# ── end torch.compile ──
 
 
 def preprocess(x):
@@ -696,6 +749,45 @@ def weighted_mean(x, weights=None):
 # ── end prioritised sampling ──
 
 
+# The loop's three stages (as LeanRL and purejaxrl cut theirs): the policy step, the advantages (`compute_gae`) and one
+# update minibatch. None branches on data or reads a number back to the host: the full files compile each whole.
+def policy_step(agent, next_obs, noise=None):
+    """Observation in; the sampled action, its log-probability and the value out."""
+    with torch.no_grad():
+        action, logprob, _, value = agent.get_action_and_value(next_obs, noise=noise)  # [35] noise drawn ahead
+    return action, logprob, value.flatten()
+
+
+def update_minibatch(agent, optimizer, mb, args: Args):
+    """Forward, the losses, backward, clipping and the optimizer's step on one minibatch; its statistics, on device"""
+    mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, mb_weights = mb  # [29] weights or None
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():  # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+    pg_loss = weighted_mean(clipped_policy_loss(logratio, mb_advantages, args.clip_coef), mb_weights)  # [29]
+    v_loss = weighted_mean(clipped_value_loss(newvalue[:, 0], mb_values, mb_returns, args.clip_range_vf), mb_weights)
+    entropy_loss = entropy.mean()  # [16] entropy bonus, keeps exploring
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    # ── RND [33]: the predictor learns on a random share of each minibatch ──
+    if args.intrinsic_coef > 0:
+        share = torch.rand(len(mb_obs), device=mb_obs.device) < args.rnd_update_proportion
+        rnd_loss = (agent.rnd.prediction_error(mb_obs) * share).sum() / share.sum().clamp(min=1)
+        loss = loss + rnd_loss
+        agent.rnd.last_loss.copy_(rnd_loss.detach())  # in place: a compiled stage returns only the lean's statistics
+    # ── end RND ──
+    optimizer.zero_grad()
+    loss.backward()
+    all_reduce_grads(agent.parameters(), args.world_size)  # [30]
+    # [17] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+
+
 def log_episodes(episodes, infos, global_step, tag):
     """[9] Keep every episode that ended in a step, not only the first; they are logged once per iteration."""
     for i in np.flatnonzero(infos.get("_episode", [])):
@@ -769,6 +861,7 @@ def rank_reduce(values, world_size, mean=True):
     """Per-process floats (a list) reduced over the processes: their mean, or (mean=False) their maximum."""
     if world_size == 1:
         return values
+    values = [float(v) for v in values]  # numbers, or one-number tensors ([36] a compiled run's learning rate)
     tensor = torch.tensor(values, dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM if mean else dist.ReduceOp.MAX)
     return (tensor / world_size if mean else tensor).tolist()
@@ -1336,7 +1429,7 @@ def train(args: Args):
     # of them where a restarted torchrun job starts anew in its directory, having no checkpoint)
     purge_step = ckpt["global_step"] + 1 if ckpt else 0
     writer = (
-        SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"), purge_step=purge_step)
+        SummaryWriter(make_dir(f"runs/{run_name}", "exp-name"), purge_step=purge_step, max_queue=1000)
         if args.rank == 0
         else NullWriter()
     )
@@ -1351,7 +1444,6 @@ def train(args: Args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     torch.backends.cudnn.benchmark = not args.torch_deterministic  # GPUs only: set either way, torch's defaults vary
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not args.torch_deterministic
 
     # env setup: [11] training levels [start_level, start_level + num_levels), held-out test envs on all levels
     env_seed = args.seed + 7919 * args.rank  # [30] every process plays its own levels
@@ -1369,7 +1461,7 @@ def train(args: Args):
     # ── the agent's options [31], [33], [35], [36] ──
     agent_options(agent, envs, test_envs if args.eval_interval > 0 else None, args)
     # ── end the agent's options ──
-    agent = agent.to(device)
+    agent = agent.to(device, memory_format=torch.channels_last)  # as the frames come (NHWC): no conversions
     # ── torchrun [30]: the same starting weights everywhere, but each process samples its own actions ──
     if args.world_size > 1:
         for p in agent.parameters():
@@ -1387,7 +1479,7 @@ def train(args: Args):
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
-    exit_on_ctrl_c(run_name)  # until the checkpoints' handler below takes over
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped; runs/{run_name} has what finished"))
     next_obs = torch.as_tensor(envs.reset()[0], device=device)  # procgen's levels were seeded when it was made
     next_done = torch.zeros(envs.num_envs, device=device)
     recent_returns, recent_test_returns, start_time = deque(maxlen=100), deque(maxlen=100), time.time()  # the console
@@ -1402,6 +1494,9 @@ def train(args: Args):
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
     stop = GracefulStop()
     # ── end checkpoints ──
+    # ── torch.compile [36]: the loop's stages, each compiled whole (or as they are) ──
+    policy_step, compute_gae, update_minibatch = compiled_stages([optimizer], device, args)
+    # ── end torch.compile ──
     start_time, start_step = time.time(), global_step  # [25] the steps per second count from here, on a resume too
     # ── the status line: drawn by `progress`, on rank 0's terminal only ──
     if sys.stdout.isatty() and args.rank == 0 and not isinstance(sys.stdout, StatusLine):
@@ -1423,13 +1518,14 @@ def train(args: Args):
         if args.anneal_lr:  # [14] learning-rate annealing over the whole run
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
-            optimizer.param_groups[0]["lr"] = lrnow
+            set_lr(optimizer, lrnow)  # [36] in place where it is a device tensor
 
         env_time = inference_time = 0.0  # [32] perf timers: where the time goes, logged as perf/*
         # ── folded and pipelined rollouts [35] ──
         eval_now = args.eval_interval > 0 and iteration % args.eval_interval == 0
         folded = eval_now and args.rollout != "plain"
-        policy = RolloutPolicy(agent, envs, *((test_envs, test_obs) if folded else (None, None)), args, to_device)
+        policy = RolloutPolicy(agent, policy_step, envs, *((test_envs, test_obs) if folded else (None, None)), args,
+                               to_device)  # fmt: skip
         # ── end folded and pipelined rollouts ──
         for step in range(0, args.num_steps):
             global_step += args.num_envs
@@ -1437,11 +1533,8 @@ def train(args: Args):
             dones[step] = next_done
             # ALGO LOGIC: action logic
             tick = time.perf_counter()  # [32]
-            with torch.no_grad():
-                action, logprob, _, value = policy(next_obs)  # [35] agent.get_action_and_value, or folded
-                values[step] = value.flatten()
+            action, logprobs[step], values[step] = policy(next_obs)  # [35] policy_step, or folded
             actions[step] = action
-            logprobs[step] = logprob
             action = action.cpu().numpy()
             inference_time += time.perf_counter() - tick  # [32]
             # TRY NOT TO MODIFY: execute the game and log data.
@@ -1463,8 +1556,7 @@ def train(args: Args):
         eval_start = time.perf_counter()  # [32]
         if eval_now and not folded:  # [11] held-out levels, the same policy (or [35] folded into the rollout)
             for _ in range(args.num_steps):
-                with torch.no_grad():
-                    test_action = agent.get_action_and_value(test_obs)[0]
+                test_action = policy_step(agent, test_obs)[0]
                 test_obs, _, _, _, test_infos = test_envs.step(test_action.cpu().numpy())
                 test_obs = to_device("test_obs", test_obs)
                 log_episodes(episodes, test_infos, global_step, "test_")
@@ -1483,17 +1575,15 @@ def train(args: Args):
         advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
         # flatten the batch
         b_obs = obs.reshape((-1, *envs.single_observation_space.shape))
-        b_logprobs = logprobs.reshape(-1)
-        b_actions = actions.reshape(-1)
+        b_logprobs, b_actions, b_values = logprobs.reshape(-1), actions.reshape(-1), values.reshape(-1)
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-        b_values = values.reshape(-1)
         # [15] Advantages normalised over the whole batch, once (OpenAI's PPG code), not per minibatch (CleanRL's PPO).
         if args.norm_adv:
             b_mean, b_std = global_mean_std(b_advantages, args.world_size)  # [30] over all processes' batches
             b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
 
         # Optimizing the policy and value network
-        clipfracs = []  # kept on the device, read once when logged: no sync per minibatch
+        clipfracs, batch = [], (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
         rho_clipfracs, mb_weight_means = [], []  # [28], [29]
         beta = args.prio_beta0 + (1 - args.prio_beta0) * (iteration - 1) / max(1, args.num_iterations - 1)  # [29]
         for epoch in range(args.update_epochs):  # noqa: B007
@@ -1515,39 +1605,17 @@ def train(args: Args):
                 if args.norm_adv:  # [15] normalised again, as they were before the first epoch
                     b_mean, b_std = global_mean_std(b_advantages, args.world_size)
                     b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
+                batch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
             # ── end V-trace ──
             for mb_inds, mb_weights in minibatches(advantages, args, beta):  # [29]
-                _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb_inds], b_actions[mb_inds])
-                logratio = newlogprob - b_logprobs[mb_inds]
-                ratio = logratio.exp()
-                with torch.no_grad():
-                    # calculate approx_kl http://joschu.net/blog/kl-approx.html
-                    old_approx_kl = (-logratio).mean()
-                    approx_kl = ((ratio - 1) - logratio).mean()
-                    clipfracs += [((ratio - 1.0).abs() > args.clip_coef).float().mean()]
-                pg_loss = weighted_mean(
-                    clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef), mb_weights
-                )
-                v_loss = clipped_value_loss(newvalue[:, 0], b_values[mb_inds], b_returns[mb_inds], args.clip_range_vf)
-                v_loss = weighted_mean(v_loss, mb_weights)  # [29]
-                if mb_weights is not None:
+                mb_stats = update_minibatch(agent, optimizer, [*(x[mb_inds] for x in batch), mb_weights], args)
+                clipfracs.append(mb_stats[5])  # kept on the device, read once when logged: no sync per minibatch
+                if mb_weights is not None:  # [29]
                     mb_weight_means.append(mb_weights.mean())
-                entropy_loss = entropy.mean()  # [16] entropy bonus, keeps exploring
-                loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-                if args.intrinsic_coef > 0:  # [33] the RND predictor learns on a random share of each minibatch
-                    share = torch.rand(len(mb_inds), device=device) < args.rnd_update_proportion
-                    rnd_loss = (agent.rnd.prediction_error(b_obs[mb_inds]) * share).sum() / share.sum().clamp(min=1)
-                    loss = loss + rnd_loss
-                optimizer.zero_grad()
-                loss.backward()
-                all_reduce_grads(agent.parameters(), args.world_size)  # [30]
-                # [17] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
                 progress(f"{where}  update, epoch {epoch + 1}")
 
             # [18] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
-            if args.target_kl is not None and rank_reduce([approx_kl.item()], args.world_size)[0] > args.target_kl:
+            if args.target_kl is not None and rank_reduce([mb_stats[4].item()], args.world_size)[0] > args.target_kl:
                 break
 
         y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
@@ -1556,16 +1624,17 @@ def train(args: Args):
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         # TRY NOT TO MODIFY: record rewards for plotting purposes
-        stats = {
-            "losses/value_loss": v_loss.item(), "losses/policy_loss": pg_loss.item(),
-            "losses/entropy": entropy_loss.item(), "losses/old_approx_kl": old_approx_kl.item(),
-            "losses/approx_kl": approx_kl.item(), "losses/clipfrac": torch.stack(clipfracs).mean().item(),
-            "losses/explained_variance": explained_var, "charts/learning_rate": optimizer.param_groups[0]["lr"],
-        }  # fmt: skip
+        mb_stats[5] = torch.stack(clipfracs).mean()  # over the whole update; the losses and KLs: the last minibatch's
+        names = "value_loss policy_loss entropy old_approx_kl approx_kl clipfrac".split()  # as update_minibatch's
+        stats = {f"losses/{name}": value for name, value in zip(names, mb_stats.tolist(), strict=True)}
+        stats |= {"losses/explained_variance": explained_var, "charts/learning_rate": optimizer.param_groups[0]["lr"]}
         if args.vtrace:  # [28] the share of importance ratios above the clip, over the recomputing epochs
             stats["losses/vtrace_rho_clipfrac"] = torch.stack(rho_clipfracs).mean().item() if rho_clipfracs else 0.0
         if args.intrinsic_coef > 0:  # [33] the mean normalised intrinsic reward, and the predictor's loss
-            stats["charts/intrinsic_reward"], stats["losses/rnd_loss"] = intrinsic.mean().item(), rnd_loss.item()
+            stats["charts/intrinsic_reward"], stats["losses/rnd_loss"] = (
+                intrinsic.mean().item(),
+                agent.rnd.last_loss.item(),
+            )
         if args.prio_alpha > 0:  # [29] the mean importance weight of the sampled segments
             stats["losses/prio_mean_weight"] = torch.stack(mb_weight_means).mean().item()
             writer.add_scalar("charts/prio_beta", beta, global_step)
@@ -1585,7 +1654,7 @@ def train(args: Args):
         report(iteration, global_step, sps, time.time() - iteration_start, (recent_returns, recent_test_returns), args)
 
         # ── divergence guard [26]: a non-finite loss or parameter stops the run before it reaches a checkpoint ──
-        losses = {"losses/policy_loss": pg_loss, "losses/value_loss": v_loss, "losses/entropy": entropy_loss}
+        losses = {f"losses/{name}": mb_stats[names.index(name)] for name in ("policy_loss", "value_loss", "entropy")}
         if diverged(agent, losses, last_good, run_name, iteration, given, args):
             writer.close()
             raise SystemExit(3)
@@ -1627,11 +1696,6 @@ def tune_allocator():
     with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
         for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
             ctypes.CDLL("libc.so.6").mallopt(option, value)
-
-
-def exit_on_ctrl_c(run_name):
-    """Ctrl-C: one line saying where the log is, not a traceback from inside torch; the log keeps what finished."""
-    signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped; runs/{run_name} has what finished"))
 
 
 def report(iteration, global_step, sps, took, recent, args: Args):

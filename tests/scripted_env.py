@@ -105,8 +105,8 @@ class Recorder:
                 self.initial = copy.deepcopy(self.state_dict())  # the weights before any update
                 recorder.agents.append(self)
 
-            def get_action_and_value(self, x, action=None):
-                out = super().get_action_and_value(x, action)
+            def get_action_and_value(self, x, action=None, **noise):  # a full file's folded rollout: its noise
+                out = super().get_action_and_value(x, action, **noise)
                 recorder.calls.append(("act" if action is None else "update", x, [o.detach() for o in out]))
                 return out
 

@@ -147,12 +147,15 @@ def test_buffers_are_made_on_the_device_and_the_gpu_policy_is_set(name, tmp_path
                 "16",
                 *(["--e-auxiliary", "1"] if "ppg" in name else ["--total-timesteps", "128"]),
             ]
+            # TF32 left as torch has it (convolutions on, matrix products off), as CleanRL leaves it: the test
+            # flips both first, so that a script that set them either way would be caught
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = deterministic, not deterministic
             script.train(parse(script, [*smoke_args(name), *small, "--device", "cpu", "--eval-interval", "0", flag]))
             buffers = [device for shape, device in made if len(shape) >= 2 and shape[0] == 32]  # (num_steps, ...)
             assert len(buffers) >= 6 and all(device == torch.device("cpu") for device in buffers), made
             assert torch.backends.cudnn.deterministic is deterministic
             assert torch.backends.cudnn.benchmark is not deterministic
-            assert torch.backends.cudnn.allow_tf32 is not deterministic
+            assert torch.backends.cudnn.allow_tf32 is deterministic
             assert torch.backends.cuda.matmul.allow_tf32 is not deterministic
 
 

@@ -254,19 +254,3 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
         assert (test_starts, half_starts) == {"plain": (0, 0), "folded": (128, 0), "pipelined": (128, 128)}[rollout]
     assert logged["plain"]["charts/episodic_return"] and logged["plain"]["charts/test_episodic_return"]
     assert all(logs == logged["plain"] for logs in logged.values())
-
-
-def test_compiled_encoders_log_the_losses_of_the_eager_ones(tmp_path, monkeypatch):
-    """`--compile default` on the CPU (the GPU's `reduce-overhead` adds CUDA graphs to the same compiled code): the
-    losses within fp32's tolerance of an uncompiled run's."""
-    script = load_script("ppo_procgen_full")
-    logged = {}
-    for mode in ("off", "default"):
-        (tmp_path / mode).mkdir()
-        monkeypatch.chdir(tmp_path / mode)
-        flags = [*SMALL, "--eval-interval", "0", "--compile", mode]
-        scalars = read_scalars(tmp_path / mode / "runs" / script.train(script.parse_args(flags)))
-        logged[mode] = {tag: [v for _, v in rows] for tag, rows in scalars.items() if tag.startswith("losses/")}
-    assert logged["off"]["losses/approx_kl"][-1] > 0
-    for tag, values in logged["off"].items():
-        np.testing.assert_allclose(logged["default"][tag], values, rtol=1e-4, atol=1e-6, err_msg=tag)

@@ -14,6 +14,9 @@ DIFFS = [("ppo_procgen", "ppo_procgen_full"), ("ppg_procgen", "ppg_procgen_full"
 MAX_CHANGED = 52  # lines of the first file that the second removes or changes (40 before the lean files said what
 # the algorithm does: the full files now pay for V-trace's per-epoch advantages, resume's counters and their signals;
 # 48 before the folded and pipelined rollouts: the policy step, its noise argument and the test loop's condition)
+MAX_CHANGED_PPG = 57  # the full PPG file's 5 more, since the loop became three stages: the policy stage's noise (2),
+# the update stage's prioritised weights (3 lines, where the loop had 2), the learning rate set in place and the
+# compiled auxiliary stage's call, less the Ctrl-C line that the lean files now share
 
 
 def changed_lines(old, new):
@@ -23,8 +26,8 @@ def changed_lines(old, new):
 
 @pytest.mark.parametrize("old,new", DIFFS)
 def test_the_second_file_keeps_the_first_files_lines(old, new):
-    removed = changed_lines(old, new)
-    assert len(removed) <= MAX_CHANGED, f"{new}.py removes or changes {len(removed)} lines of {old}.py:\n" + "\n".join(
+    removed, limit = changed_lines(old, new), MAX_CHANGED_PPG if new == "ppg_procgen_full" else MAX_CHANGED
+    assert len(removed) <= limit, f"{new}.py removes or changes {len(removed)} lines of {old}.py:\n" + "\n".join(
         removed
     )
 
@@ -69,7 +72,7 @@ def test_the_full_file_is_the_lean_file_and_its_fenced_blocks(lean):
     added = [line for line in diff if line.startswith("+") and not line.startswith("+++")]
     print("\n".join(f"{TIERS[lean]}.py:{first}-{last}  {title}" for first, last, title in blocks))
     assert len(blocks) > 10
-    assert len(removed) <= MAX_CHANGED, "\n".join(removed)
+    assert len(removed) <= (MAX_CHANGED_PPG if lean == "ppg_procgen" else MAX_CHANGED), "\n".join(removed)
     assert len(added) <= MAX_ADDED, f"{len(added)} lines added outside the blocks:\n" + "\n".join(added)
 
 

@@ -1,0 +1,43 @@
+"""`--compile` on the CPU: the loop's stages, each compiled whole, log what the eager stages log (PPO, and PPG with its
+auxiliary phase), within fp32 rounding grown over two iterations of Adam (2e-3). The GPU's `reduce-overhead` adds
+CUDA graphs to the same compiled code."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import load_script, read_scalars
+from scripted_env import Bandit, ScriptedProcgen
+from test_loop import PPG, SMALL, is_ppg
+
+STAGES = {
+    "ppo_procgen_full": ["policy_step", "compute_gae", "update_minibatch"],
+    "ppg_procgen_full": ["policy_step", "compute_gae", "update_minibatch", "aux_minibatch"],
+}
+
+
+@pytest.mark.parametrize("name", STAGES)
+def test_compiled_stages_log_the_losses_of_the_eager_ones(name, tmp_path, monkeypatch):
+    """Two iterations with the test envs and an annealed learning rate (set in place on the compiled optimizer's
+    tensor), PPG's closing its phase: every loss, the learning rate and every episode's return as the eager run's."""
+    script = load_script(name)
+    monkeypatch.setattr(script, "Procgen", ScriptedProcgen)
+    monkeypatch.setattr(ScriptedProcgen, "script", Bandit())  # one-step episodes, rewards 0 or 1
+    compiled, compile_ = [], torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn.__name__) or compile_(fn, **kw))
+    flags = [*SMALL, "--anneal-lr", *(PPG if is_ppg(name) else [])]
+    logged, tags = {}, ("losses/", "charts/learning_rate", "charts/episodic", "charts/test_episodic")
+    for mode in ("off", "default"):
+        monkeypatch.setattr(ScriptedProcgen, "made", [])  # the same games (numbered from 0) in each run
+        (tmp_path / mode).mkdir()
+        monkeypatch.chdir(tmp_path / mode)
+        scalars = read_scalars(tmp_path / mode / "runs" / script.train(script.parse_args([*flags, "--compile", mode])))
+        logged[mode] = {tag: [v for _, v in rows] for tag, rows in scalars.items() if tag.startswith(tags)}
+    assert compiled == STAGES[name]  # each stage once, in the compiled run alone
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= len(STAGES[name])
+    off = logged["off"]
+    assert off["losses/approx_kl"][-1] > 0 and off["charts/learning_rate"] == pytest.approx([5e-4, 2.5e-4])
+    assert off["charts/episodic_return"] and off["charts/test_episodic_return"]
+    assert not is_ppg(name) or off["losses/aux/kl_loss"][-1] > 0
+    assert logged["default"].keys() == off.keys()
+    for tag, values in off.items():
+        np.testing.assert_allclose(logged["default"][tag], values, rtol=2e-3, atol=1e-5, err_msg=tag)
