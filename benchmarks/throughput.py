@@ -23,10 +23,12 @@ subfolder (git-ignored), so that a check never overwrites the committed measurem
 import argparse
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -53,20 +55,22 @@ OPTION_CONFIGS = [
     ("PPO --intrinsic-coef 0.5 (RND)", "ppo_procgen_full", ["--intrinsic-coef", "0.5"], {}),
 ]
 OPTION_SIZES = ["--num-envs", "16"]
-# the GPU suite: each speed option alone against the default, then all of them together, PPO and PPG (the GPU kit's)
-FAST = ["--no-torch-deterministic", "--autocast", "bf16", "--compile", "reduce-overhead", "--rollout", "pipelined"]
+# the GPU suite (the GPU kit's): the loop's stages eager, compiled, and compiled with CUDA graphs, each with the folded
+# and the pipelined rollout, beside the plain default; bf16 with CUDA graphs; PPG's default. Sized for the kit's 10
+# minutes on one H100: 9 rows of 2 iterations, the compiled ones paying their compilation in the first (the CUDA graph
+# rows first: a row past the kit's --timeout is killed, and a step past its limit keeps the rows measured before it)
+COMPILED, GRAPHS = ["--compile", "default"], ["--compile", "reduce-overhead"]
 GPU_CONFIGS = [
-    ("PPO default (--torch-deterministic)", "ppo_procgen_full", [], {}),
-    ("PPO --no-torch-deterministic", "ppo_procgen_full", ["--no-torch-deterministic"], {}),
-    ("PPO --autocast bf16", "ppo_procgen_full", ["--autocast", "bf16"], {}),
-    ("PPO --compile reduce-overhead", "ppo_procgen_full", ["--compile", "reduce-overhead"], {}),
-    ("PPO --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
-    ("PPO --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
-    ("PPO --env-threads 8", "ppo_procgen_full", ["--env-threads", "8"], {}),
-    ("PPO all of them", "ppo_procgen_full", [*FAST, "--env-threads", "8"], {}),
+    ("PPO default", "ppo_procgen_full", [], {}),
+    ("PPO eager, --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
+    ("PPO eager, --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
+    ("PPO compiled + CUDA graphs, --rollout folded", "ppo_procgen_full", [*GRAPHS, "--rollout", "folded"], {}),
+    ("PPO compiled + CUDA graphs, --rollout pipelined", "ppo_procgen_full", [*GRAPHS, "--rollout", "pipelined"], {}),
+    ("PPO compiled stages, --rollout folded", "ppo_procgen_full", [*COMPILED, "--rollout", "folded"], {}),
+    ("PPO compiled stages, --rollout pipelined", "ppo_procgen_full", [*COMPILED, "--rollout", "pipelined"], {}),
+    ("PPO compiled + CUDA graphs, folded, --autocast bf16", "ppo_procgen_full",
+     [*GRAPHS, "--rollout", "folded", "--autocast", "bf16"], {}),
     ("PPG default", "ppg_procgen_full", ["--n-iteration", "2", "--e-auxiliary", "1"], {}),
-    ("PPG all of them", "ppg_procgen_full", ["--n-iteration", "2", "--e-auxiliary", "1", *FAST, "--env-threads", "8"],
-     {}),
 ]  # fmt: skip
 QUICK_SIZES = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
 QUICK_PPG = ["--num-aux-rollouts", "2"]
@@ -174,15 +178,23 @@ def host_run(script, flags, iterations, batch, workdir, device, env):
     return last
 
 
-def run_logged(cmd, workdir, env=None):
+def run_logged(cmd, workdir, env=None, timeout=None):
     """Run `cmd` in a directory of its own under `workdir`: its standard output, its resource usage (the peak
-    memory) and the scalar events of the one run directory it wrote. A failed run stops the benchmark, saying why."""
+    memory) and the scalar events of the one run directory it wrote. A failed run stops the benchmark, saying why;
+    one that outlasts `timeout` seconds is killed, and TimeoutError says so."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     with tempfile.TemporaryDirectory(dir=workdir) as cwd, tempfile.TemporaryFile("w+") as out:
         with tempfile.TemporaryFile("w+") as err:  # files, not pipes: the parent reads nothing until the child ends
             proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, text=True, env={**os.environ, **(env or {})})
+            timer = threading.Timer(timeout, proc.kill) if timeout else None
+            if timer:
+                timer.start()
             _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak memory, which subprocess.run does not give
+            if timer:
+                timer.cancel()
+            if status == signal.SIGKILL and timeout:
+                raise TimeoutError(f"killed after {timeout:g} s: {' '.join(cmd)}")
             if status != 0:
                 err.seek(0)
                 raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{err.read()[-2000:]}")
@@ -194,12 +206,12 @@ def run_logged(cmd, workdir, env=None):
     return text, usage, acc
 
 
-def run(script, flags, iterations, batch, workdir, device="cpu", env=None):
+def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None):
     """One process of the script; the perf/* of its last iteration and its peak memory."""
     total = batch * iterations
     cmd = [sys.executable, str(ROOT / f"{script}.py"), "--total-timesteps", str(total), "--device", device,
            "--exp-name", "bench", *flags]  # fmt: skip
-    _, usage, acc = run_logged(cmd, workdir, env)
+    _, usage, acc = run_logged(cmd, workdir, env, timeout)
     last = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
     last["peak_rss_gib"] = usage.ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
     last["sps"] = batch / last["perf/iteration_seconds"]
@@ -300,6 +312,8 @@ def parse(argv=None):
     parser.add_argument("--cleanrl", type=Path, default=None, help="CleanRL's ppo_procgen.py, for --suite cleanrl")
     parser.add_argument("--cleanrl-python", default=None, help="a Python with CleanRL's packages (default: this one)")
     parser.add_argument("--device", default="cpu", help="the scripts' --device: cpu, cuda, cuda:N")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="each run's time limit: a run past it is killed and its row says so")  # fmt: skip
     parser.add_argument("--only", nargs="+", default=None, metavar="TEXT",
                         help="only the configurations whose names contain one of these texts")  # fmt: skip
     return parser.parse_args(argv)
@@ -330,15 +344,20 @@ def main():
     ceilings = {threads: ceiling(envs, steps, threads, reps) for threads in (1, 2, 4)}
     print("ceiling:", {t: round(v) for t, v in ceilings.items()}, flush=True)
 
-    results = {name: [] for name, *_ in configs}
+    results, timed_out = {name: [] for name, *_ in configs}, set()
     for rep in range(reps):
         for name, script, flags, env in configs:
             extra = sizes + (ppg_sizes if script.startswith("ppg_procgen") else [])
             # 2 iterations: the first is the warm-up; PPG's second closes a phase with one auxiliary epoch
-            results[name].append(run(script, [*flags, *extra], 2, batch, opts.out, opts.device, env=env))
+            try:
+                results[name].append(run(script, [*flags, *extra], 2, batch, opts.out, opts.device, env, opts.timeout))
+            except TimeoutError as exc:  # a row that hangs or compiles too long: said in the table, the rest go on
+                print(f"rep {rep + 1}/{reps}  {name}: {exc}", flush=True)
+                timed_out.add(name)
+                continue
             r = results[name][-1]
             print(f"rep {rep + 1}/{reps}  {name}: {r['sps']:.0f} steps/s, peak {r['peak_rss_gib']:.2f} GiB", flush=True)
-        write_results(opts, configs, results, rep + 1, reps, ceilings, envs, batch)  # after every repetition
+            write_results(opts, configs, results, rep + 1, reps, ceilings, envs, batch, timed_out)  # after every row
 
 
 def host_suite(opts):
@@ -387,10 +406,12 @@ def host_suite(opts):
     print(f"wrote {opts.out / 'HOST.md'}")
 
 
-def write_results(opts, configs, results, done, reps, ceilings, envs, batch):
-    """The table (and chart) of the medians over the `done` repetitions measured so far."""
-    med = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for name, rows in results.items()}
-    base = med[configs[0][0]]
+def write_results(opts, configs, results, done, reps, ceilings, envs, batch, timed_out=()):
+    """The table (and chart) of the medians over the repetitions measured so far (`done`: the one going on); rows not
+    measured yet are left out, and rows that timed out say so."""
+    med = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for name, rows in results.items()
+           if rows}  # fmt: skip
+    base = next(iter(med.values()))
     cmd = (
         "python benchmarks/throughput.py"
         + (" --quick" if opts.quick else "")
@@ -427,6 +448,7 @@ def write_results(opts, configs, results, done, reps, ceilings, envs, batch):
             f"{m['perf/inference_seconds']:.2f} | {m['perf/eval_seconds']:.2f} | {m['perf/update_seconds']:.2f} | "
             f"{aux} | {m['peak_rss_gib']:.2f} |"
         )
+    lines += [f"| {name} | timed out after {opts.timeout:g} s |  |  |  |  |  |  |  |" for name in timed_out]
     lines += ["", "![throughput](throughput.png)", ""]
     if opts.suite in ("options", "gpu"):
         title, name = {

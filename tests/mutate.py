@@ -36,6 +36,9 @@ TESTS = {  # each file's tests: the test files, and pytest's -k for the cases of
 RESUME_TESTS = (["tests/test_checkpoint.py"], "older or unreadable_newest or second_run or stale or restarted_torchrun "
                 "or other_script or rotation")  # fmt: skip
 
+# the compiled stages' test, for the mistakes in --compile
+COMPILE_TESTS = (["tests/test_compile.py"], "compiled")
+
 # (file, the line's text as it is, the mistake, what it breaks[, (test files, -k) in place of the file's own]); the
 # text must occur once in the file
 MUTANTS = [
@@ -44,9 +47,8 @@ MUTANTS = [
     (PPO, "loss = pg_loss - args.ent_coef", "loss = -pg_loss - args.ent_coef", "policy loss with its sign flipped"),
     (PPO, "+ v_loss * args.vf_coef", "- v_loss * args.vf_coef", "value loss with its sign flipped"),
     (PPO, "+ v_loss * args.vf_coef", "+ v_loss * 0", "value loss weighted by zero"),
-    (PPO, "logratio = newlogprob - b_logprobs[mb_inds]", "logratio = b_logprobs[mb_inds] - newlogprob",
-     "ratio inverted"),
-    (PPO, "                optimizer.zero_grad()\n", "                pass\n", "zero_grad removed"),
+    (PPO, "logratio = newlogprob - mb_logprobs", "logratio = mb_logprobs - newlogprob", "ratio inverted"),
+    (PPO, "    optimizer.zero_grad()\n    loss.backward()", "    loss.backward()", "zero_grad removed"),
     (PPO, "next_value = agent.get_value(next_obs)", "next_value = agent.get_value(obs[-1])",
      "bootstrap value on the last stored observation, not the one after it"),
     (PPO, "dones[step] = next_done", "dones[step] = 0", "episode ends dropped from the stored batch"),
@@ -54,22 +56,22 @@ MUTANTS = [
     (PPO, "rewards[step] = torch.as_tensor", "rewards[step - 1] = torch.as_tensor",
      "rewards shifted one step earlier than their observations"),
     (PPO, "obs[step] = next_obs", "obs[step - 1] = next_obs", "observations shifted one step against the actions"),
-    (PPO, "clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef)",
-     "clipped_policy_loss(logratio, -b_advantages[mb_inds], args.clip_coef)", "advantages with their sign reversed"),
-    (PPO, "clipped_policy_loss(logratio, b_advantages[mb_inds], args.clip_coef)",
-     "clipped_policy_loss(logratio, b_advantages[mb_inds], 1e9)", "clip range ignored"),
-    (PPO, "b_returns[mb_inds], args.clip_range_vf)", "b_values[mb_inds], args.clip_range_vf)",
+    (PPO, "clipped_policy_loss(logratio, mb_advantages, args.clip_coef)",
+     "clipped_policy_loss(logratio, -mb_advantages, args.clip_coef)", "advantages with their sign reversed"),
+    (PPO, "clipped_policy_loss(logratio, mb_advantages, args.clip_coef)",
+     "clipped_policy_loss(logratio, mb_advantages, 1e9)", "clip range ignored"),
+    (PPO, "mb_returns, args.clip_range_vf)", "mb_values, args.clip_range_vf)",
      "value loss toward the old values, not the returns"),
     (PPO, "b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)", "b_advantages = b_advantages - b_mean",
      "advantages centred but not scaled"),
     (PPO, "1_000_003, 0, 0, args, video_dir)", "1_000_003, args.num_levels, args.start_level, args, video_dir)",
      "test envs on the training levels"),
-    (PPO, "values[step] = value.flatten()", "values[step] = value.flatten().roll(1)",
+    (PPO, "return action, logprob, value.flatten()", "return action, logprob, value.flatten().roll(1)",
      "values stored against another env's observation"),
     (PPG, "kl_loss = policy_kl(m_logits, new_pi.logits)", "kl_loss = policy_kl(new_pi.logits, m_logits)",
      "PPG: KL in the reverse direction"),
     (PPG, "args.beta_clone * kl_loss", "0 * kl_loss", "PPG: KL term weighted by zero"),
-    (PPG, "m_returns = aux_returns[:, mb_inds].reshape(-1)", "m_returns = aux_returns[:, mb_inds].flip(1).reshape(-1)",
+    (PPG, "for x in (aux_obs, aux_returns, aux_logits)]", "for x in (aux_obs, aux_returns.flip(1), aux_logits)]",
      "PPG: auxiliary targets misaligned with their observations"),
     (PPG, "aux_returns[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = returns",
      "aux_returns[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = values",
@@ -77,10 +79,9 @@ MUTANTS = [
     (PPG, "slot = (iteration - 1) % args.n_iteration", "slot = 0", "PPG: every iteration overwrites the first slot"),
     (PPG, "loss + pg_loss - args.ent_coef * entropy_loss", "loss + pg_loss + args.ent_coef * entropy_loss",
      "PPG: entropy bonus with its sign flipped"),
-    (PPG, "logratio = newlogprob - b_logprobs[mb_inds]", "logratio = b_logprobs[mb_inds] - newlogprob",
-     "PPG: ratio inverted"),
-    (PPG, "                optimizer.zero_grad()\n                loss.backward()",
-     "                loss.backward()", "PPG: zero_grad removed from the policy phase"),
+    (PPG, "logratio = newlogprob - mb_logprobs", "logratio = mb_logprobs - newlogprob", "PPG: ratio inverted"),
+    (PPG, "    optimizer.zero_grad()\n    loss.backward()", "    loss.backward()",
+     "PPG: zero_grad removed from the policy phase"),
     (PPG, "1_000_003, 0, 0, args, video_dir)", "1_000_003, args.num_levels, args.start_level, args, video_dir)",
      "PPG: test envs on the training levels"),
     (PPG, "loss = loss + v_loss * args.vf_coef", "loss = loss + v_loss * 0", "PPG: value loss weighted by zero"),
@@ -89,7 +90,7 @@ MUTANTS = [
         ("advantages.abs().sum(0).cpu().numpy()", "torch.ones_like(advantages).sum(0).cpu().numpy()",
          "prioritised sampling with uniform priorities"),
         ("args.clip_coef), mb_weights", "args.clip_coef), None", "importance weights dropped from the policy loss"),
-        ("v_loss = weighted_mean(v_loss, mb_weights)", "v_loss = weighted_mean(v_loss, None)",
+        ("args.clip_range_vf), mb_weights)", "args.clip_range_vf), None)",
          "importance weights dropped from the value loss"),
         ("loss = loss + rnd_loss", "loss = loss + 0 * rnd_loss", "RND's predictor loss weighted by zero"),
         ("rewards.mul_(0.0 if args.pretraining else 1.0)", "rewards.mul_(1.0)",
@@ -116,6 +117,13 @@ MUTANTS = [
         ("fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)", "f.fileno()", "the run directory's lock never taken"),
         ("        os.remove(tmp)\n", "        pass\n", "a stale .tmp checkpoint left in place"),
         ('if read_text(f"{d}/torchrun_job") == owner]', "]", "a torchrun restart takes any run of its name"),
+    ]],
+    *[(full, old, new, f"{full[:3].upper()} full: {what}", COMPILE_TESTS) for full in (PPO_FULL, PPG_FULL)
+      for old, new, what in [
+        ('    if args.compile == "off":\n        return stages', "    if True:\n        return stages",
+         "--compile compiles nothing"),
+        ("fallback_random = True", "fallback_random = False", "the compiled stages draw from inductor's own generator"),
+        ('group["lr"].fill_(lr)', "pass", "a compiled run's learning rate never annealed"),
     ]],
     # the message comes from the file that resumes the other script's run: the test case named after the run's script
     *[(full, "if other != SCRIPT:  # before", "if False:  # before",

@@ -5,6 +5,7 @@ import gzip
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -43,8 +44,7 @@ def test_the_gpu_kit_runs_every_step_in_quick_mode(tmp_path):
     for title in ("CUDA tests", "Speed options", "Host side", "Host-device syncs"):
         assert f"## {title}" in kit and f"{title}: ok" in proc.stdout, title
     speed = [line for line in kit.splitlines() if line.startswith("| PPO")]
-    assert [row.split("|")[1].strip() for row in speed[:2]] == ["PPO default (--torch-deterministic)",
-                                                                "PPO --rollout pipelined"]  # fmt: skip
+    assert [row.split("|")[1].strip() for row in speed[:2]] == ["PPO default", "PPO eager, --rollout pipelined"]
     rows = [line.split("|")[1:-1] for line in (tmp_path / "HOST.md").read_text().splitlines() if line.startswith("| ")]
     assert [row[0].strip() for row in rows[1:]] == ["PPO lean (ppo_procgen.py)", "PPO full, --rollout pipelined"]
     for row in rows[1:]:  # training steps/s, procgen alone's, their ratio; the parts, where the script logs them
@@ -204,3 +204,24 @@ def test_learning_report_from_smoke_runs(tmp_path):
     stats, per_iteration = compare_rows(ppo_run, ppg_run, tmp_path / "algorithms.md")
     assert len(stats) == 6 and all(float(r[4]) > 0 for r in stats if r[0] != "losses/clipfrac")
     assert len(per_iteration) == 2 and per_iteration[0][1] != per_iteration[0][2]  # approx_kl
+
+
+def test_a_speed_table_run_past_its_time_limit_is_killed_and_said(tmp_path):
+    """`--timeout`: a run that outlasts it is killed (not waited for) and TimeoutError names it."""
+    import throughput
+
+    start = time.time()
+    with pytest.raises(TimeoutError, match="killed after 0.5 s"):
+        throughput.run_logged([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, timeout=0.5)
+    assert time.time() - start < 10
+
+
+def test_the_loop_cost_benchmark_writes_its_table(tmp_path):
+    """`loop_cost.py --quick`: each row's microseconds per rollout step, from train() on games that answer at once."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "loop_cost.py"), "--quick", "--out", str(tmp_path), "--only",
+           "PPO lean", "PPO full, --rollout plain"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split("|")[1:-1] for line in (tmp_path / "LOOP.md").read_text().splitlines() if line.startswith("| ")]
+    assert [row[0].strip() for row in rows[1:]] == ["PPO lean", "PPO full, --rollout plain"]
+    assert all(float(row[1]) > 0 for row in rows[1:])
