@@ -360,7 +360,7 @@ class AheadSteps:
 
 
 class RolloutPolicy:
-    """One rollout's policy step, the lean loop's `agent.get_action_and_value(next_obs)` (`--rollout plain`), or with
+    """One rollout's policy step, the lean loop's `policy_step(agent, next_obs)` (`--rollout plain`), or with
     the test envs folded in: one forward pass over the training and the test envs' observations, whose test actions
     start those envs' step at once, beside the training envs' (`step_test_envs` waits for it). Pipelined, the first half
     of the training envs starts its step while the second half's actions (and the test envs') are computed. Folded or
@@ -369,13 +369,8 @@ class RolloutPolicy:
     output in any batch (a CPU), the run logs the same numbers as with `--rollout plain`."""
 
     def __init__(self, agent, policy_step, envs, test_envs, test_obs, args: Args, to_device):
-        self.agent, self.policy_step, self.envs, self.test_envs, self.test_obs = (
-            agent,
-            policy_step,
-            envs,
-            test_envs,
-            test_obs,
-        )
+        self.agent, self.policy_step, self.envs = agent, policy_step, envs  # [36] the stage, compiled or not
+        self.test_envs, self.test_obs = test_envs, test_obs
         self.to_device, self.t, self.test_episodes, self.noise = to_device, 0, [], None
         self.size = envs.num_envs // (2 if args.rollout == "pipelined" else 1)
         actions, device = envs.single_action_space.n, next(agent.parameters()).device
