@@ -999,7 +999,7 @@ def leave_processes(agent, writer, global_step, args: Args):
     """At the end of a run under torchrun: log the largest difference between any process's weights and rank 0's
     (0 when all is well), and leave the process group."""
     if args.world_size > 1:
-        flat = torch.nn.utils.parameters_to_vector(agent.parameters()).detach()
+        flat = torch.cat([p.detach().reshape(-1) for p in agent.parameters()])  # channels-last ones too
         reference = flat.clone()
         dist.broadcast(reference, src=0)
         max_diff = rank_reduce([(flat - reference).abs().max().item()], args.world_size, mean=False)[0]
