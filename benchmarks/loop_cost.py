@@ -18,7 +18,6 @@ Results go to LOOP.md in --out (this folder; with --quick its quick/ subfolder, 
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -70,40 +69,14 @@ class InstantGames:
         return self.reward, {"rgb": self.frames[self.t % 2]}, self.firsts[self.t % 50]
 
 
-def constant_network(obs_shape, feature_dim, init_fn):
-    """In place of the IMPALA CNN: one learned feature vector, whatever the image."""
-    import torch
-    import torch.nn as nn
-
-    class Constant(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.features = nn.Parameter(torch.zeros(feature_dim))
-
-        def forward(self, x):
-            return self.features.expand(len(x), -1)
-
-    return Constant()
-
-
 def child(path, flags):
-    """Load the script at `path`, swap the games, the network and the update's minibatches, run `train()`, and print
-    a JSON line of every iteration's seconds."""
+    """The script at `path` through throughput.py's `train_with_tiny_network`, its games answering at once and its
+    uint8 frames left unconverted; prints a JSON line of every iteration's seconds."""
     import torch
-    import tyro
+    from throughput import train_with_tiny_network
 
     torch.set_num_threads(1)
-    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.Procgen, module.impala_cnn, module.preprocess = InstantGames, constant_network, lambda x: x
-    indices = module.minibatch_indices
-    module.minibatch_indices = lambda *args: indices(*args)[:1]
-    seconds, report = [], module.report
-    module.report = lambda iteration, step, sps, took, *rest: seconds.append(took) or report(iteration, step, sps, took,
-                                                                                             *rest)  # fmt: skip
-    args = module.parse_args(flags) if hasattr(module, "parse_args") else tyro.cli(module.Args, args=flags)
-    module.train(args)
+    seconds = train_with_tiny_network(path, flags, Procgen=InstantGames, preprocess=lambda x: x)[2]
     print(json.dumps(seconds))
 
 

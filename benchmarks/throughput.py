@@ -128,26 +128,36 @@ def tiny_network(obs_shape, feature_dim, init_fn):
     return Constant()
 
 
-def run_with_tiny_network(script, flags):
-    """The script's own train(), its network swapped for `tiny_network` and each update epoch cut to its first
-    minibatch; then procgen alone, stepping the same training and test envs for the same steps with random actions.
-    A child process of `host_run`: prints a JSON line of the seconds of every iteration and of procgen alone's."""
+def train_with_tiny_network(path, flags, **swaps):
+    """Load the script at `path`, swap its network for `tiny_network`, cut each update epoch to its first minibatch,
+    swap any other module attributes given (`swaps`), and run its own train(): the module, its args, and the seconds
+    of every iteration as the script reports them."""
     import importlib.util
-    import json
 
     import tyro
 
-    spec = importlib.util.spec_from_file_location(script, ROOT / f"{script}.py")
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.impala_cnn = tiny_network
     indices = module.minibatch_indices
-    module.minibatch_indices = lambda *args: indices(*args)[:1]
+    swaps = {"impala_cnn": tiny_network, "minibatch_indices": lambda *args: indices(*args)[:1], **swaps}
+    for name, value in swaps.items():
+        setattr(module, name, value)
     seconds, report = [], module.report
     module.report = lambda iteration, step, sps, took, *rest: seconds.append(took) or report(iteration, step, sps, took,
                                                                                              *rest)  # fmt: skip
     args = module.parse_args(flags) if hasattr(module, "parse_args") else tyro.cli(module.Args, args=flags)
     module.train(args)
+    return module, args, seconds
+
+
+def run_with_tiny_network(script, flags):
+    """The script's own train() through `train_with_tiny_network`; then procgen alone, stepping the same training and
+    test envs for the same steps with random actions. A child process of `host_run`: prints a JSON line of the
+    seconds of every iteration and of procgen alone's."""
+    import json
+
+    module, args, seconds = train_with_tiny_network(ROOT / f"{script}.py", flags)
     alone, rng = 0.0, np.random.default_rng(0)
     for num_envs, seed, levels in ((args.num_envs, args.seed, args.num_levels), (args.num_eval_envs, args.seed + 1, 0)):
         envs = module.ProcgenVecEnv(num_envs, seed, env_name=args.env_id, distribution_mode=args.distribution_mode,
