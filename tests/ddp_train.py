@@ -16,7 +16,17 @@ script, out_path = load()
 recorder = Recorder(script, pytest.MonkeyPatch())
 run_name = script.train(script.parse_args(sys.argv[3:]))
 made = type(recorder.train_env).made
-threads = [Path(f"/proc/self/task/{task}/comm").read_text().strip() for task in os.listdir("/proc/self/task")]
+
+
+def thread_name(task):
+    """The thread's name, or None where it ended between the listing and the read (a thread on its way out)."""
+    try:
+        return Path(f"/proc/self/task/{task}/comm").read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+threads = [name for name in map(thread_name, os.listdir("/proc/self/task")) if name is not None]
 result = {"run_name": run_name, "seeds": [env.rand_seed for env in made], "episodes": [len(env.starts) for env in made],
           "threads": threads}  # fmt: skip
 Path(f"{out_path}.rank{os.environ['RANK']}.json").write_text(json.dumps(result))
