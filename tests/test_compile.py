@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import load_script, read_scalars
 from scripted_env import Bandit, ScriptedProcgen
-from test_loop import PPG, SMALL, is_ppg
+from test_loop import NUM_ENVS, PPG, SMALL, is_ppg
 
 STAGES = {
     "ppo_procgen_full": ["policy_step", "compute_gae", "update_minibatch"],
@@ -24,7 +24,9 @@ def test_compiled_stages_log_the_losses_of_the_eager_ones(name, tmp_path, monkey
     monkeypatch.setattr(ScriptedProcgen, "script", Bandit())  # one-step episodes, rewards 0 or 1
     compiled, compile_ = [], torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn.__name__) or compile_(fn, **kw))
-    flags = [*SMALL, "--anneal-lr", *(PPG if is_ppg(name) else [])]
+    # as many test envs as training envs: the policy step's one graph serves both (a second batch size compiles a
+    # second graph: 12 more C++ kernels for PPO, about 10% of the test's time where inductor's cache is cold)
+    flags = [*SMALL, "--num-eval-envs", str(NUM_ENVS), "--anneal-lr", *(PPG if is_ppg(name) else [])]
     logged, tags = {}, ("losses/", "charts/learning_rate", "charts/episodic", "charts/test_episodic")
     for mode in ("off", "default"):
         monkeypatch.setattr(ScriptedProcgen, "made", [])  # the same games (numbered from 0) in each run
