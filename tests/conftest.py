@@ -1,5 +1,6 @@
 """Shared helpers: load a script as a module, run it as a command, read its TensorBoard events."""
 
+import atexit
 import contextlib
 import importlib.util
 import io
@@ -10,6 +11,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -109,9 +112,32 @@ def load_script(name):
     return sys.modules[name]
 
 
+_prefork = {}
+
+
+def python():
+    """The command that runs a Python file as `python FILE ARGS` would: this worker's fork server's client
+    (tests/prefork.py: the imports and procgen's start paid once a worker, a process of its own for each run), or
+    `python` itself where no server starts or TESTS_NO_PREFORK=1 is set."""
+    if "command" not in _prefork:
+        _prefork["command"] = [sys.executable]
+        if os.environ.get("TESTS_NO_PREFORK") != "1":
+            where = Path(tempfile.mkdtemp(prefix="prefork"))
+            socket_path = where / "socket"
+            serve = [sys.executable, str(ROOT / "tests" / "prefork.py"), "--serve", str(socket_path)]
+            server = subprocess.Popen(serve, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            atexit.register(lambda: server.kill() or server.wait() or shutil.rmtree(where, ignore_errors=True))
+            deadline = time.time() + 120
+            while not socket_path.exists() and server.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            if socket_path.exists():
+                _prefork["command"] = [sys.executable, "-S", str(ROOT / "tests" / "prefork.py"), str(socket_path)]
+    return _prefork["command"]
+
+
 def run_script(script, args, cwd, timeout=300):
     return subprocess.run(
-        [sys.executable, str(ROOT / script), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+        [*python(), str(ROOT / script), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
 
 

@@ -5,7 +5,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -18,11 +17,13 @@ from conftest import (
     file_size_limit,
     load_script,
     outcome,
+    python,
     read_scalars,
     smoke_args,
     unwritable,
 )
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker: its module fixtures train once
 SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
 
@@ -139,13 +140,8 @@ def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_from_that_epoch(tm
 def test_a_stop_signal_writes_a_checkpoint_that_resumes(tmp_path, signum):
     """SIGTERM (a scheduler), and SIGHUP (the terminal or the ssh connection went away): the iteration finishes, a
     checkpoint is written, and the run resumes from it."""
-    cmd = [
-        sys.executable,
-        str(ROOT / "ppo_procgen_full.py"),
-        *smoke_args("ppo_procgen_full"),
-        "--total-timesteps",
-        "4096",
-    ]
+    script = [*python(), str(ROOT / "ppo_procgen_full.py")]
+    cmd = [*script, *smoke_args("ppo_procgen_full"), "--total-timesteps", "4096"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:  # wait until training runs, then ask it to stop
         if line.startswith("iter 1/"):
@@ -161,7 +157,7 @@ def test_a_stop_signal_writes_a_checkpoint_that_resumes(tmp_path, signum):
     assert ckpt["global_step"] == 128 * stopped_at and ckpt["model"]
     # the run's own flags come back as defaults: only the path and a new length are given
     total = 128 * (stopped_at + 1)
-    done = subprocess.run([*cmd[:2], "--resume", str(ckpt_path.parent.parent), "--total-timesteps", str(total)],
+    done = subprocess.run([*script, "--resume", str(ckpt_path.parent.parent), "--total-timesteps", str(total)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"iter {stopped_at + 1}/{stopped_at + 1}  step {total}" in done.stdout
@@ -344,7 +340,7 @@ def test_a_full_disk_skips_the_checkpoint_and_keeps_the_earlier_ones(trained, tm
 
     # 2 more iterations, their checkpoints; no saved model, whose failed write would end the run (test_no_traceback)
     flags = [*flags, "--total-timesteps", "512", "--no-save-model", "--resume", str(run_dir)]
-    proc = subprocess.run([sys.executable, str(ROOT / f"{script.SCRIPT}.py"), *flags], cwd=tmp_path,
+    proc = subprocess.run([*python(), str(ROOT / f"{script.SCRIPT}.py"), *flags], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, preexec_fn=file_size_limit(limit))  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if "not written" in line]

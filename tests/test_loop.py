@@ -10,6 +10,7 @@ import torch
 from conftest import load_script, parse, read_scalars
 from scripted_env import Bandit, Recorder, ids
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker: its module fixtures train once
 SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
 NUM_ENVS, NUM_STEPS = 4, 8
 # 2 iterations of 4 envs x 8 steps, 2 minibatches; raw rewards, so that the stored ones can be compared with the script

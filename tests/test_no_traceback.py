@@ -8,7 +8,17 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, file_size_limit, load_script, only_run_dir, outcome, parse, read_scalars, smoke_args
+from conftest import (
+    ROOT,
+    file_size_limit,
+    load_script,
+    only_run_dir,
+    outcome,
+    parse,
+    python,
+    read_scalars,
+    smoke_args,
+)
 
 SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
 # sizes that are each legal but together need far more memory than any machine the tests run on: (flags, named)
@@ -55,7 +65,7 @@ def test_help_into_a_reader_that_closes_exits_quietly(name):
     """`--help | head -1`: the reader goes before the help is written (at once), or after one line (three times, as
     the race that made it intermittent would have it)."""
     for read_first in (False, True, True, True):
-        proc = subprocess.Popen([sys.executable, str(ROOT / f"{name}.py"), "--help"], stdout=subprocess.PIPE,
+        proc = subprocess.Popen([*python(), str(ROOT / f"{name}.py"), "--help"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)  # fmt: skip
         if read_first:
             assert proc.stdout.readline()
@@ -66,7 +76,7 @@ def test_help_into_a_reader_that_closes_exits_quietly(name):
 @pytest.mark.parametrize("name", ["ppo_procgen", "ppo_procgen_full"])
 def test_a_run_whose_console_closes_trains_on(name, tmp_path):
     flags = [*smoke_args(name), "--device", "cpu"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*python(), str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert "logs in runs/" in proc.stdout.readline()
     proc.stdout.close()  # the reader goes away after the first line
@@ -81,7 +91,7 @@ def test_a_console_that_fails_to_write_leaves_the_run_training(name, tmp_path):
     logs every iteration and exits 0, with nothing on stderr."""
     flags = [*smoke_args(name), "--device", "cpu"]
     with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, stdout=full,
+        proc = subprocess.run([*python(), str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, stdout=full,
                               stderr=subprocess.PIPE, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
     assert len(read_scalars(only_run_dir(tmp_path))["losses/policy_loss"]) == 2  # every iteration logged
@@ -101,7 +111,7 @@ def test_ctrl_c_is_one_line_and_the_log_is_kept(name, tmp_path):
     flags = [*smoke_args(name), "--device", "cpu", "--total-timesteps", str(128 * 40)]
     if "ppg" in name:
         flags += ["--n-iteration", "40"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*python(), str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     for line in proc.stdout:
         if line.startswith("iter 1/40"):
@@ -121,7 +131,7 @@ def test_a_full_disk_at_the_final_model_write_is_one_line(name, tmp_path):
     """The checkpoint test's file-size limit, here below the model's size (the event files of a smoke run stay far
     below 200,000 bytes; the IMPALA network's weights do not): one line, no partial model, the logs kept."""
     flags = [*smoke_args(name), "--device", "cpu", "--save-model", "--exp-name", "x"]
-    proc = subprocess.run([sys.executable, str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, capture_output=True,
+    proc = subprocess.run([*python(), str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, preexec_fn=file_size_limit(200_000))  # fmt: skip
     run_dir = only_run_dir(tmp_path)
     model = f"runs/{run_dir.name}/x.cleanrl_model"

@@ -1,0 +1,207 @@
+"""A fork server for the tests' script processes. A script's process spends about 5 s on a 2-core machine before it
+trains: importing torch, gymnasium and tensorboard, the optimizer's first import of torch._dynamo, and procgen's first
+game (its assets). The server pays that once per pytest worker and forks a process for each run that starts where a
+fresh `python SCRIPT ARGS` would be once its imports are done; the script then runs top to bottom as `__main__`.
+
+    python tests/prefork.py --serve SOCKET            # the server (conftest.py starts one per worker)
+    python -S tests/prefork.py SOCKET SCRIPT ARGS...  # what a test runs instead of `python SCRIPT ARGS`
+
+The second form is a small client that the test starts as its process (pipes, cwd, environment, a preexec_fn's file
+size limit, signals, timeouts all work as with `python SCRIPT ARGS`): it hands its standard streams, working directory,
+environment and file-size limit to the server, forwards the signals it receives to the forked process, and exits as
+that process exited (with its status, or by its signal). The forked process is a real interpreter: it ends as Python
+ends (flushing its streams, atexit, the exit status of an uncaught exception or of Ctrl-C). Where the environment
+differs from the server's in a variable read when the packages are imported (threads, allocators, CUDA, Python's
+own), or no server answers, the client runs `python SCRIPT ARGS` itself."""
+
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+# read at import time by torch, OpenMP, glibc or Python: a run that sets one of these needs a process of its own
+IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "PYTORCH", "TORCH", "CUDA", "NVIDIA", "LD_", "MALLOC_", "GLIBC_",
+                   "PYTHON")  # fmt: skip
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def run_here(argv):
+    os.execv(sys.executable, [sys.executable, *argv])
+
+
+def client(path, argv):
+    import resource
+
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(path)
+        request = json.dumps({
+            "argv": [os.path.abspath(argv[0]), *argv[1:]],
+            "cwd": os.getcwd(),
+            "env": dict(os.environ),
+            "fsize": resource.getrlimit(resource.RLIMIT_FSIZE),
+        }).encode()  # fmt: skip
+        socket.send_fds(conn, [struct.pack("!I", len(request)) + request], [0, 1, 2])
+        reply = conn.makefile("r")
+        pid = reply.readline().strip()
+    except OSError:
+        pid = ""
+    if not pid.isdigit():  # no server, or this run needs a process of its own
+        run_here(argv)
+    pid = int(pid)
+    for signum in FORWARDED:
+        signal.signal(signum, lambda signum, frame: os.kill(pid, signum))
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # the forked process holds the streams alone: a reader sees their end when it ends
+        os.dup2(devnull, fd)
+    status = int(reply.readline())
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def preload():
+    """What every script imports, and procgen's first game (its threads end with it): paid here once."""
+    import contextlib
+    import io
+
+    import gymnasium  # noqa: F401
+    import numpy  # noqa: F401
+    import torch
+    import torch._dynamo  # noqa: F401  (the optimizer's first step imports it)
+    import torch.distributed  # noqa: F401
+    import tyro  # noqa: F401
+    from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+
+    with contextlib.redirect_stderr(io.StringIO()):  # the old `gym` that procgen imports prints a notice
+        try:
+            from procgen import ProcgenGym3Env as Procgen
+        except ImportError:
+            Procgen = None  # procgen-gym (Python 3.13): its games start quickly
+    if Procgen is not None:
+        env = Procgen(num=1, env_name="starpilot", num_levels=1, start_level=0, distribution_mode="easy")
+        env.close() if hasattr(env, "close") else None
+        del env
+    del torch
+
+
+def serve(path):
+    """Fork a process for each client; tell the client its exit status; kill it if its client dies first (a test's
+    timeout). Ends when the worker that started it ends."""
+    import gc
+    import select
+    import threading
+
+    env_at_import = dict(os.environ)
+    preload()
+    gc.collect()
+    # no Python thread left running, which a forked process would lose (OpenBLAS's idle pool, which numpy may start,
+    # shuts itself down around a fork)
+    assert threading.active_count() == 1, threading.enumerate()
+    set_by_imports = {key: value for key, value in os.environ.items() if key not in env_at_import}
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + ".tmp")
+    listener.listen(16)
+    os.rename(path + ".tmp", path)  # ready
+    clients = {}  # the forked process's pid: its client's connection
+    while os.getppid() == parent:
+        ready, _, _ = select.select([listener, *clients.values()], [], [], 0.05)
+        if listener in ready and (request := accept(listener, env_at_import)) is not None:
+            conn, fds, request = request
+            sys.stdout.flush(), sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                for other in [listener, conn, *clients.values()]:
+                    other.close()
+                return become(fds, request, set_by_imports)
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(f"{pid}\n".encode())
+            clients[pid] = conn
+        for pid, conn in list(clients.items()):
+            if conn in ready:  # the client's connection ended before its process: the client was killed
+                try_to(os.kill, pid, signal.SIGKILL)
+                conn.close()
+                del clients[pid]
+        while True:  # the processes that ended: their status to their clients
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if pid in clients:
+                try_to(clients[pid].sendall, f"{status}\n".encode())
+                clients.pop(pid).close()
+    for pid in clients:  # the worker is gone
+        try_to(os.kill, pid, signal.SIGKILL)
+    sys.exit(0)
+
+
+def try_to(fn, *args):
+    try:
+        fn(*args)
+    except OSError:  # the process or the connection is gone already
+        pass
+
+
+def accept(listener, env_at_import):
+    """(the connection, the client's three streams, its request), or None where the run needs a process of its own."""
+    conn, _ = listener.accept()
+    fds = []
+    try:
+        data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+        size = struct.unpack("!I", data[:4])[0]
+        data = data[4:]
+        while len(data) < size:
+            data += conn.recv(size - len(data))
+        request = json.loads(data)
+        env = request["env"]
+    except (OSError, ValueError, struct.error, KeyError):  # not a client of ours, or one that went away
+        env = None
+    if (
+        env is None
+        or len(fds) != 3
+        or any(
+            env.get(key) != env_at_import.get(key) for key in {*env, *env_at_import} if key.startswith(IMPORT_TIME_ENV)
+        )
+    ):
+        for fd in fds:
+            os.close(fd)
+        try_to(conn.sendall, b"no\n")
+        conn.close()
+        return None
+    return conn, fds, request
+
+
+def become(fds, request, set_by_imports):
+    """In the forked process: the client's streams, directory, environment (with what the imports set in it, as they
+    would have in a process of its own) and file-size limit; the script's argv and path."""
+    import resource
+
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update({**set_by_imports, **request["env"]})
+    resource.setrlimit(resource.RLIMIT_FSIZE, tuple(request["fsize"]))  # Python ignores SIGXFSZ in both processes
+    sys.argv = request["argv"]
+    sys.path[0] = os.path.dirname(sys.argv[0])  # as `python SCRIPT` sets it
+    return sys.argv[0]
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--serve":
+        import runpy
+
+        runpy.run_path(
+            serve(sys.argv[2]), run_name="__main__"
+        )  # uncaught exceptions end the process as they would `python SCRIPT`
+    else:
+        client(sys.argv[1], sys.argv[2:])
