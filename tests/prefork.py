@@ -38,7 +38,7 @@ def client(path, argv):
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
         request = json.dumps({
-            "argv": [os.path.abspath(argv[0]), *argv[1:]],
+            "argv": argv,
             "cwd": os.getcwd(),
             "env": dict(os.environ),
             "fsize": resource.getrlimit(resource.RLIMIT_FSIZE),
@@ -192,7 +192,7 @@ def become(fds, request, set_by_imports):
     os.environ.update({**set_by_imports, **request["env"]})
     resource.setrlimit(resource.RLIMIT_FSIZE, tuple(request["fsize"]))  # Python ignores SIGXFSZ in both processes
     sys.argv = request["argv"]
-    sys.path[0] = os.path.dirname(sys.argv[0])  # as `python SCRIPT` sets it
+    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as `python SCRIPT` sets it
     return sys.argv[0]
 
 
