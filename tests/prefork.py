@@ -111,7 +111,7 @@ def serve(path):
     clients = {}  # the forked process's pid: its client's connection
     while os.getppid() == parent:
         ready, _, _ = select.select([listener, *clients.values()], [], [], 0.05)
-        if listener in ready and (request := accept(listener, env_at_import)) is not None:
+        if listener in ready and (request := accept(listener, env_at_import, set_by_imports)) is not None:
             conn, fds, request = request
             sys.stdout.flush(), sys.stderr.flush()
             pid = os.fork()
@@ -150,8 +150,10 @@ def try_to(fn, *args):
         pass
 
 
-def accept(listener, env_at_import):
-    """(the connection, the client's three streams, its request), or None where the run needs a process of its own."""
+def accept(listener, env_at_import, set_by_imports):
+    """(the connection, the client's three streams, its request), or None where the run needs a process of its own:
+    where a variable read at import time differs from the server's, but for those that the imports themselves set
+    (torch's inductor sets its cache directory), which the client's environment may or may not have yet."""
     conn, _ = listener.accept()
     fds = []
     try:
@@ -164,13 +166,13 @@ def accept(listener, env_at_import):
         env = request["env"]
     except (OSError, ValueError, struct.error, KeyError):  # not a client of ours, or one that went away
         env = None
-    if (
-        env is None
-        or len(fds) != 3
-        or any(
-            env.get(key) != env_at_import.get(key) for key in {*env, *env_at_import} if key.startswith(IMPORT_TIME_ENV)
-        )
-    ):
+    server = {**env_at_import, **set_by_imports}
+    differs = env is None or any(
+        env.get(key) != server.get(key) and not (key in set_by_imports and key not in env)
+        for key in {*env, *server}
+        if key.startswith(IMPORT_TIME_ENV)
+    )
+    if differs or len(fds) != 3:
         for fd in fds:
             os.close(fd)
         try_to(conn.sendall, b"no\n")

@@ -24,6 +24,9 @@ sys.exit(code)
 def test_a_file_run_through_the_fork_server_sees_what_python_would_show_it(tmp_path):
     (tmp_path / "probe.py").write_text(PROBE)
     assert python()[1] == "-S", "the fork server did not start"
+    # after the server started, as the first train() in a worker does: set inductor's cache directory in os.environ
+    import torch._dynamo  # noqa: F401
+
     for code, env, preloaded in ((0, {}, True), (3, {}, True), (-signal.SIGTERM, {}, True),
                                  (0, {"OMP_NUM_THREADS": "7"}, False)):  # fmt: skip
         cmd = [*python(), "probe.py", str(code)]
