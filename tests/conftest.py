@@ -2,6 +2,7 @@
 
 import atexit
 import contextlib
+import functools
 import importlib.util
 import io
 import math
@@ -112,27 +113,28 @@ def load_script(name):
     return sys.modules[name]
 
 
-_prefork = {}
+def fork_server(env=None):
+    """Start a fork server (tests/prefork.py) with `env` (this process's by default): the command of its client, which
+    runs a Python file as `python FILE ARGS` would; None where the server does not start. Stopped at exit."""
+    where = Path(tempfile.mkdtemp(prefix="prefork"))
+    socket_path = where / "socket"
+    serve = [sys.executable, str(ROOT / "tests" / "prefork.py"), "--serve", str(socket_path)]
+    server = subprocess.Popen(serve, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
+    atexit.register(lambda: server.kill() or server.wait() or shutil.rmtree(where, ignore_errors=True))
+    deadline = time.time() + 120
+    while not socket_path.exists() and server.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    return (
+        [sys.executable, "-S", str(ROOT / "tests" / "prefork.py"), str(socket_path)] if socket_path.exists() else None
+    )
 
 
+@functools.cache
 def python():
-    """The command that runs a Python file as `python FILE ARGS` would: this worker's fork server's client
-    (tests/prefork.py: the imports and procgen's start paid once a worker, a process of its own for each run), or
-    `python` itself where no server starts or TESTS_NO_PREFORK=1 is set."""
-    if "command" not in _prefork:
-        _prefork["command"] = [sys.executable]
-        if os.environ.get("TESTS_NO_PREFORK") != "1":
-            where = Path(tempfile.mkdtemp(prefix="prefork"))
-            socket_path = where / "socket"
-            serve = [sys.executable, str(ROOT / "tests" / "prefork.py"), "--serve", str(socket_path)]
-            server = subprocess.Popen(serve, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-            atexit.register(lambda: server.kill() or server.wait() or shutil.rmtree(where, ignore_errors=True))
-            deadline = time.time() + 120
-            while not socket_path.exists() and server.poll() is None and time.time() < deadline:
-                time.sleep(0.05)
-            if socket_path.exists():
-                _prefork["command"] = [sys.executable, "-S", str(ROOT / "tests" / "prefork.py"), str(socket_path)]
-    return _prefork["command"]
+    """The command that runs a Python file as `python FILE ARGS` would: this worker's fork server's client (the imports
+    and procgen's start paid once a worker, a process of its own for each run), or `python` itself where no server
+    starts or TESTS_NO_PREFORK=1 is set."""
+    return (os.environ.get("TESTS_NO_PREFORK") != "1" and fork_server()) or [sys.executable]
 
 
 def run_script(script, args, cwd, timeout=300):

@@ -71,8 +71,7 @@ def preload():
 
     import gymnasium  # noqa: F401
     import numpy  # noqa: F401
-    import torch
-    import torch._dynamo  # noqa: F401  (the optimizer's first step imports it)
+    import torch._dynamo  # noqa: F401  (torch, and what the optimizer's first call imports)
     import torch.distributed  # noqa: F401
     import tyro  # noqa: F401
     from torch.utils.tensorboard import SummaryWriter  # noqa: F401
@@ -83,10 +82,7 @@ def preload():
         except ImportError:
             Procgen = None  # procgen-gym (Python 3.13): its games start quickly
     if Procgen is not None:
-        env = Procgen(num=1, env_name="starpilot", num_levels=1, start_level=0, distribution_mode="easy")
-        env.close() if hasattr(env, "close") else None
-        del env
-    del torch
+        Procgen(num=1, env_name="starpilot", num_levels=1, start_level=0, distribution_mode="easy").close()
 
 
 def serve(path):
@@ -166,11 +162,10 @@ def accept(listener, env_at_import, set_by_imports):
         env = request["env"]
     except (OSError, ValueError, struct.error, KeyError):  # not a client of ours, or one that went away
         env = None
-    server = {**env_at_import, **set_by_imports}
+    # what each process's environment holds once its imports are done (the forked one's: become())
+    server, fresh = {**env_at_import, **set_by_imports}, {**set_by_imports, **(env or {})}
     differs = env is None or any(
-        env.get(key) != server.get(key) and not (key in set_by_imports and key not in env)
-        for key in {*env, *server}
-        if key.startswith(IMPORT_TIME_ENV)
+        server.get(k) != fresh.get(k) for k in {*server, *fresh} if k.startswith(IMPORT_TIME_ENV)
     )
     if differs or len(fds) != 3:
         for fd in fds:
@@ -202,8 +197,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "--serve":
         import runpy
 
-        runpy.run_path(
-            serve(sys.argv[2]), run_name="__main__"
-        )  # uncaught exceptions end the process as they would `python SCRIPT`
+        # in a forked process: the script, whose uncaught exceptions end it as they would `python SCRIPT`
+        runpy.run_path(serve(sys.argv[2]), run_name="__main__")
     else:
         client(sys.argv[1], sys.argv[2:])

@@ -6,8 +6,7 @@ import os
 import signal
 import subprocess
 
-import pytest
-from conftest import python
+from conftest import fork_server
 
 PROBE = """import json, os, sys
 print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("PROBE"), "path0": sys.path[0],
@@ -20,20 +19,23 @@ sys.exit(code)
 """
 
 
-@pytest.mark.skipif(os.environ.get("TESTS_NO_PREFORK") == "1", reason="TESTS_NO_PREFORK=1: python itself")
 def test_a_file_run_through_the_fork_server_sees_what_python_would_show_it(tmp_path):
-    (tmp_path / "probe.py").write_text(PROBE)
-    assert python()[1] == "-S", "the fork server did not start"
-    # after the server started, as the first train() in a worker does: set inductor's cache directory in os.environ
-    import torch._dynamo  # noqa: F401
+    """Exit statuses and signals pass through; a variable read at import time that differs sends the file to python
+    itself, but not one that the imports set themselves (inductor's cache directory, which a worker's environment
+    lacks until its first train() and holds after it)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
+    (tmp_path / "probe.py").write_text(PROBE)
+    base = {key: value for key, value in os.environ.items() if key != "TORCHINDUCTOR_CACHE_DIR"}
+    command = fork_server(base)
+    assert command is not None, "the fork server did not start"
     for code, env, preloaded in ((0, {}, True), (3, {}, True), (-signal.SIGTERM, {}, True),
+                                 (0, {"TORCHINDUCTOR_CACHE_DIR": default_cache_dir()}, True),
+                                 (0, {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}, False),
                                  (0, {"OMP_NUM_THREADS": "7"}, False)):  # fmt: skip
-        cmd = [*python(), "probe.py", str(code)]
-        proc = subprocess.run(
-            cmd, cwd=tmp_path, env={**os.environ, "PROBE": "x", **env}, capture_output=True, text=True
-        )
-        assert proc.returncode == code and proc.stderr == "to stderr\n", (code, proc.stderr)
+        proc = subprocess.run([*command, "probe.py", str(code)], cwd=tmp_path, env={**base, "PROBE": "x", **env},
+                              capture_output=True, text=True)  # fmt: skip
+        assert proc.returncode == code and proc.stderr == "to stderr\n", (code, env, proc.stderr)
         seen = json.loads(proc.stdout)
         assert seen == {"argv": ["probe.py", str(code)], "cwd": str(tmp_path), "env": "x",
-                        "path0": str(tmp_path), "name": "__main__", "torch": preloaded}, seen  # fmt: skip
+                        "path0": str(tmp_path), "name": "__main__", "torch": preloaded}, (env, seen)  # fmt: skip
