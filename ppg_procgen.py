@@ -220,12 +220,12 @@ class ResidualBlock(nn.Module):
         return x + self.conv1(nn.functional.relu(self.conv0(nn.functional.relu(x))))
 
 
-def impala_cnn(obs_shape, feature_dim, init_fn):
+def impala_cnn(obs_shape, feature_dim, init_fn, stacks=(16, 32, 32)):
     """(height, width, channels) images -> `feature_dim` features; on Procgen 64x64x3 -> 32x32x16 -> 16x16x32 ->
     8x8x32 -> 256. Each of the six residual branches has a gain of 1/sqrt(6) (each of its two convs the square root
     of that), so that the six together add about as much variance as their input has (OpenAI's PPG code's scales)."""
     (height, width, channels), layers, block_std = obs_shape, [], np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
-    for out_channels in (16, 32, 32):
+    for out_channels in stacks:  # each stack's channels
         conv = layer_init(nn.Conv2d(channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
         blocks = [ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)]
         layers += [conv, nn.MaxPool2d(kernel_size=3, stride=2, padding=1), *blocks]

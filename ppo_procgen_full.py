@@ -68,7 +68,7 @@ PROCGEN_GAMES = ("bigfish bossfight caveflyer chaser climber coinrun dodgeball f
 MODE_GAMES = {"extreme": "chaser dodgeball leaper starpilot", "memory": "caveflyer dodgeball heist jumper maze miner",
               "exploration": "caveflyer climber coinrun heist jumper leaper maze ninja"}  # fmt: skip
 # ── checkpoints: the flags a checkpoint must share with a run that loads it (the network, and the rollout) ──
-NETWORK_FLAGS = ("feature_dim", "hidden_dim")
+NETWORK_FLAGS = ("feature_dim", "hidden_dim", "cnn_channels")
 ROLLOUT_FLAGS = ("env_id", "distribution_mode", "num_levels", "start_level", "num_envs", "num_steps", "num_eval_envs")
 # ── end checkpoints ──
 
@@ -171,6 +171,9 @@ class Args:
     eval_train_levels: bool = False
     """make `--eval-only` play the training levels instead of the held-out test levels"""
     # Options beyond the anchors
+    cnn_channels: tuple[int, ...] = (16, 32, 32)
+    """the IMPALA CNN's stacks, by their channels (OpenAI's PPG code's `chans`): narrower or fewer stacks are faster and
+    learn less (the tests' runs use `2 4 4`); the Procgen paper found larger models more sample-efficient"""
     vtrace: bool = False
     """recompute the advantages by V-trace before every epoch after the first, from the current policy's ratios"""
     vtrace_rho_clip: float = 1.0
@@ -448,12 +451,12 @@ class ResidualBlock(nn.Module):
         return x + self.conv1(nn.functional.relu(self.conv0(nn.functional.relu(x))))
 
 
-def impala_cnn(obs_shape, feature_dim, init_fn):
+def impala_cnn(obs_shape, feature_dim, init_fn, stacks=(16, 32, 32)):
     """(height, width, channels) images -> `feature_dim` features; on Procgen 64x64x3 -> 32x32x16 -> 16x16x32 ->
     8x8x32 -> 256. Each of the six residual branches has a gain of 1/sqrt(6) (each of its two convs the square root
     of that), so that the six together add about as much variance as their input has (OpenAI's PPG code's scales)."""
     (height, width, channels), layers, block_std = obs_shape, [], np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
-    for out_channels in (16, 32, 32):
+    for out_channels in stacks:  # each stack's channels
         conv = layer_init(nn.Conv2d(channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
         blocks = [ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)]
         layers += [conv, nn.MaxPool2d(kernel_size=3, stride=2, padding=1), *blocks]
@@ -644,9 +647,9 @@ def preprocess(x):
 
 
 class Agent(nn.Module):
-    def __init__(self, obs_shape, num_actions, feature_dim, init_fn, hidden_dim=0):
+    def __init__(self, obs_shape, num_actions, feature_dim, init_fn, hidden_dim=0, cnn_channels=(16, 32, 32)):
         super().__init__()
-        self.network = impala_cnn(obs_shape, feature_dim, init_fn)
+        self.network = impala_cnn(obs_shape, feature_dim, init_fn, cnn_channels)
         # [3] Heads: policy gain 0.01 (near-uniform first actions), value gain 1; orthogonal after a default trunk
         actor_std, critic_std = (0.1, 0.1) if init_fn == "normed" else (0.01, 1.0)
         head_fn = "orthogonal" if init_fn.endswith("_default") else init_fn
@@ -1107,9 +1110,11 @@ def check_checkpoint(path, ckpt, args: Args, flags, flag):
     if ckpt.get("script") != SCRIPT:
         arg_error(flag, f"{path}: written by {ckpt.get('script')}.py, not {SCRIPT}.py")
     for key in flags:
-        if ckpt["args"][key] != getattr(args, key):
-            dashed = key.replace("_", "-")
-            arg_error(flag, f"{path}: made with --{dashed} {ckpt['args'][key]}, this run has {getattr(args, key)}")
+        # a flag newer than the checkpoint: the default that the checkpoint's run had
+        saved = ckpt["args"].get(key, Args.__dataclass_fields__[key].default)
+        if saved != getattr(args, key):
+            shown = [" ".join(map(str, v)) if isinstance(v, tuple) else v for v in (saved, getattr(args, key))]
+            arg_error(flag, f"{path}: made with --{key.replace('_', '-')} {shown[0]}, this run has {shown[1]}")
 
 
 def resume_checkpoint(args: Args):
@@ -1333,7 +1338,7 @@ def evaluate_saved(args: Args):
     path, ckpt = load_checkpoint(args.eval_only, "eval-only")
     if isinstance(ckpt, dict) and "model" in ckpt:
         check_checkpoint(path, ckpt, args, NETWORK_FLAGS, "eval-only")
-    agent = Agent((64, 64, 3), 15, args.feature_dim, args.init_fn, args.hidden_dim)
+    agent = Agent((64, 64, 3), 15, args.feature_dim, args.init_fn, args.hidden_dim, args.cnn_channels)
     load_weights(agent, path, "eval-only")
     device = torch.device(args.device)
     agent = agent.to(device)
@@ -1452,7 +1457,7 @@ def train(args: Args):
         test_obs = torch.as_tensor(test_envs.reset()[0], device=device)
 
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n, args.feature_dim, args.init_fn,
-                  args.hidden_dim)  # fmt: skip
+                  args.hidden_dim, args.cnn_channels)  # fmt: skip
     # ── the agent's options [31], [33], [35], [36] ──
     agent_options(agent, envs, test_envs if args.eval_interval > 0 else None, args)
     # ── end the agent's options ──
@@ -1731,6 +1736,10 @@ RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all fl
         lambda v, a: v is None or 0 < v and a.num_envs * a.num_steps % v == 0,
     ),
     ("hidden_dim",): ("must be in [0, 65536]", lambda v, a: 0 <= v <= 2**16),
+    ("cnn_channels",): (
+        "must be 1 to 6 numbers in [1, 4096]",
+        lambda v, a: 1 <= len(v) <= 6 and all(1 <= c <= 4096 for c in v),
+    ),
     ("checkpoint_interval",): ("must be >= 0 (0: only on a signal)", lambda v, a: v >= 0),
     ("keep_checkpoints", "eval_episodes", "vtrace_rho_clip", "vtrace_c_clip"): ("must be positive", lambda v, a: v > 0),
     ("resume", "eval_only", "init_model"): ("must be a path, or None", lambda v, a: v is None or v.strip() != ""),

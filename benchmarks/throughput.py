@@ -111,7 +111,7 @@ def ceiling(num_envs, steps, threads, reps):
     return statistics.median(timings)
 
 
-def tiny_network(obs_shape, feature_dim, init_fn):
+def tiny_network(obs_shape, feature_dim, init_fn, stacks=None):
     """In place of the IMPALA CNN: one learned feature vector, whatever the image, so that the policy is the same for
     every observation and what is timed is everything but the network."""
     import torch

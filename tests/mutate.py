@@ -36,6 +36,9 @@ TESTS = {  # each file's tests: the test files, and pytest's -k for the cases of
 RESUME_TESTS = (["tests/test_checkpoint.py"], "older or unreadable_newest or second_run or stale or restarted_torchrun "
                 "or other_script or rotation")  # fmt: skip
 
+# the tests that a run's network has the flags' channels, and that a checkpoint of other channels is refused
+NETWORK_TESTS = (["tests/test_checkpoint.py"], "bad_checkpoints or evaluation")
+
 # the compiled stages' test, for the mistakes in --compile
 COMPILE_TESTS = (["tests/test_compile.py"], "compiled")
 
@@ -129,6 +132,14 @@ MUTANTS = [
     *[(full, "if other != SCRIPT:  # before", "if False:  # before",
        f"{full[:3].upper()} full: the other script's checkpoint not named", (*RESUME_TESTS, "any case"))
       for full in (PPO_FULL, PPG_FULL)],
+    *[(full, old, new, f"{full[:3].upper()} full: {what}", NETWORK_TESTS) for full, old, new, what in [
+        (PPO_FULL, '"hidden_dim", "cnn_channels")', '"hidden_dim")', "a checkpoint of other --cnn-channels resumed"),
+        (PPO_FULL, "args.hidden_dim, args.cnn_channels)  # fmt", "args.hidden_dim)  # fmt",
+         "the trained network ignores --cnn-channels"),
+        (PPG_FULL, "self.value_network = impala_cnn(obs_shape, feature_dim, init_fn, cnn_channels)",
+         "self.value_network = impala_cnn(obs_shape, feature_dim, init_fn)",
+         "dual's value network ignores --cnn-channels"),
+    ]],
 ]  # fmt: skip
 
 

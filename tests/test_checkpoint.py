@@ -206,6 +206,9 @@ def test_bad_checkpoints_are_refused_and_nothing_is_touched(trained, tmp_path, m
         assert torch.load(checkpoints[0], weights_only=False)["ranks"][0]["aux_obs"].numel() == 0
     else:
         assert [p.name for p in checkpoints] == ["iter_00000001.pt", "iter_00000002.pt"]
+    older = tmp_path / "older.pt"  # a checkpoint written before --cnn-channels was a flag
+    ckpt = torch.load(checkpoints[0], weights_only=False)
+    torch.save({**ckpt, "args": {k: v for k, v in ckpt["args"].items() if k != "cnn_channels"}}, older)
     truncated = tmp_path / "iter_00000002.pt"
     truncated.write_bytes(checkpoints[-1].read_bytes()[:5000])
     (tmp_path / "empty_run").mkdir()
@@ -215,6 +218,8 @@ def test_bad_checkpoints_are_refused_and_nothing_is_touched(trained, tmp_path, m
         (str(tmp_path / "missing.pt"), [], "no such file"),
         (str(tmp_path / "empty_run"), [], "no checkpoint"),
         (str(checkpoints[0]), ["--feature-dim", "128"], "--feature-dim 256"),
+        (str(checkpoints[0]), ["--cnn-channels", "2", "4", "8"], "--cnn-channels 2 4 4, this run has 2 4 8"),
+        (str(older), [], "made with --cnn-channels 16 32 32, this run has 2 4 4"),  # its run had the default network
         (str(checkpoints[0]), ["--num-envs", "8", "--total-timesteps", "1024"], "--num-envs 4"),
     ]
     if script.SCRIPT == "ppg_procgen_full":
@@ -241,17 +246,23 @@ def test_evaluation_of_a_saved_agent(trained, tmp_path, monkeypatch, what):
         if what == "checkpoint"
         else run_dir / f"{script.SCRIPT}.cleanrl_model"
     )
+    if what == "model":  # the run's network has the flags' channels (the tests' narrow one), in every network
+        weights = torch.load(path, weights_only=True)
+        assert [w.shape[0] for k, w in weights.items() if k.endswith("network.0.weight")] == [2] * (
+            1 + script.SCRIPT.startswith("ppg")
+        )
     returns = train(script, [*flags, "--eval-only", str(path), "--eval-episodes", "5"])
     assert len(returns) == 5 and all(map(torch.isfinite, torch.tensor(returns)))
     train_levels = train(script, [*flags, "--eval-only", str(path), "--eval-episodes", "3", "--eval-train-levels"])
     assert len(train_levels) == 3
 
 
-def test_evaluation_refuses_weights_of_another_network(trained, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("other", [["--feature-dim", "64"], ["--cnn-channels", "2", "4", "8"]])
+def test_evaluation_refuses_weights_of_another_network(trained, tmp_path, monkeypatch, capsys, other):
     script, flags, run_dir = trained
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exc:
-        train(script, [*flags, "--feature-dim", "64", "--eval-only", str(run_dir / f"{script.SCRIPT}.cleanrl_model")])
+        train(script, [*flags, *other, "--eval-only", str(run_dir / f"{script.SCRIPT}.cleanrl_model")])
     assert "the weights do not fit this network" in one_error_line(capsys, exc)
 
 

@@ -17,6 +17,7 @@ EDGES = {
     int: ["0", "-1", "1", "3", str(2**31), str(2**63), "1.5", "1e3", "nan", "", "abc"],
     float: ["0", "-1", "1e-12", "0.5", "1", "1e30", "1e400", "nan", "inf", "-inf", "", "abc"],
     str: ["", " ", "no-such-name", "a/b", "x" * 300],
+    tuple: ["", "0", "-1 4", "1", "2 4 4", " ".join(["1"] * 7), str(2**31), "2 1.5", "abc", "nan"],  # of ints
 }
 # names tyro does not know, and a stray positional argument
 UNKNOWN = [["--no-such-flag", "1"], ["--num-env", "4"], ["--seed=1", "--seed"], ["stray"]]
@@ -32,6 +33,7 @@ def field_types(Args):
         if type(None) in typing.get_args(hint):  # `X | None`
             hint, optional = next(t for t in typing.get_args(hint) if t is not type(None)), True
         choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+        hint = tuple if typing.get_origin(hint) is tuple else hint  # `tuple[int, ...]`: its values, split at spaces
         types[field.name] = (str if choices else hint, optional, choices)
     return types
 
@@ -52,7 +54,7 @@ def edge_argvs(Args):
             continue
         values = [*(choices or []), "", "no-such-choice"] if choices else EDGES[base]
         for value in values + ["None"] * optional + [None]:  # None: the flag without its value
-            yield name, [flag] if value is None else [flag, value]
+            yield name, [flag] if value is None else [flag, *value.split()] if base is tuple else [flag, value]
 
 
 def dependencies(Args, tables):

@@ -7,6 +7,7 @@ import pytest
 from conftest import (
     AUX_TAGS,
     DEVICES,
+    NARROW,
     assert_trained,
     load_script,
     only_run_dir,
@@ -51,7 +52,7 @@ SCRIPTS = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name,extra,expected", SCRIPTS)
 def test_smoke(tmp_path, monkeypatch, name, extra, expected, device):
-    argv = [*smoke_args(name), "--device", device, *extra]
+    argv = [*smoke_args(name, network=NARROW if extra else []), "--device", device, *extra]  # the tier: the defaults
     if extra:  # an option: its script's train() in this process, which has paid for the imports and procgen's start
         script = load_script(name)
         monkeypatch.chdir(tmp_path)
