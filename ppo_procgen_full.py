@@ -173,7 +173,7 @@ class Args:
     # Options beyond the anchors
     cnn_channels: tuple[int, ...] = (16, 32, 32)
     """the IMPALA CNN's stacks, by their channels (OpenAI's PPG code's `chans`): narrower or fewer stacks are faster and
-    learn less (the tests' runs use `2 4 4`); the Procgen paper found larger models more sample-efficient"""
+    learn less (the tests' runs use `2`: one stack); the Procgen paper found larger models more sample-efficient"""
     vtrace: bool = False
     """recompute the advantages by V-trace before every epoch after the first, from the current policy's ratios"""
     vtrace_rho_clip: float = 1.0

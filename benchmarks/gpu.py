@@ -64,13 +64,14 @@ def steps(opts):
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     quick = ["--quick"] if opts.quick else []
     tests = ["tests/test_smoke.py"] if opts.quick else []
+    serial = ["-n", "0"] if opts.quick else []  # a check on a CPU skips every CUDA case: no worker per core
     rows = ["--only", "PPO default", "PPO eager, --rollout pipelined"] if opts.quick else []
     host_rows = ["--only", "PPO lean", "PPO full, --rollout pipelined"] if opts.quick else []
     return [
-        ("CUDA tests", [*pytest, *tests, "-k", "cuda or gpu"], None),
+        ("CUDA tests", [*pytest, *tests, *serial, "-k", "cuda or gpu"], None),
         ("Speed options", [*bench, "--suite", "gpu", "--timeout", str(ROW_TIMEOUT), *quick, *rows], "GPU_SPEED.md"),
         ("Host side", [*bench, "--suite", "host", *quick, *host_rows], "HOST.md"),
-        ("Host-device syncs", [*pytest, "tests/test_host_syncs.py", "-k", "cuda"], None),
+        ("Host-device syncs", [*pytest, "tests/test_host_syncs.py", *serial, "-k", "cuda"], None),
     ]
 
 

@@ -73,6 +73,7 @@ GPU_CONFIGS = [
     ("PPG default", "ppg_procgen_full", ["--n-iteration", "2", "--e-auxiliary", "1"], {}),
 ]  # fmt: skip
 QUICK_SIZES = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
+QUICK_NETWORK = ["--cnn-channels", "2"]  # the speed tables' full files in a check: one stack of 2 channels
 QUICK_PPG = ["--num-aux-rollouts", "2"]
 # the host suite: each script's own train() at the default sizes, its network swapped for one learned feature vector
 # and its update cut to one minibatch, beside procgen alone on the same envs in the same process; PPG closes its phase
@@ -345,7 +346,7 @@ def main():
         configs = [c for c in configs if "--compile" not in c[2]]
     if not configs:
         raise SystemExit(f"throughput.py: error: --only {' '.join(opts.only)}: no configuration's name has it")
-    sizes = QUICK_SIZES if opts.quick else (OPTION_SIZES if opts.suite == "options" else [])
+    sizes = [*QUICK_SIZES, *QUICK_NETWORK] if opts.quick else (OPTION_SIZES if opts.suite == "options" else [])
     ppg_sizes = QUICK_PPG if opts.quick else []
     batch = 4 * 32 if opts.quick else (16 if opts.suite == "options" else 64) * 256
     opts.out.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ CUDA graphs to the same compiled code."""
 import numpy as np
 import pytest
 import torch
-from conftest import load_script, read_scalars
+from conftest import NARROW, load_script, read_scalars
 from scripted_env import Bandit, ScriptedProcgen
 from test_loop import NUM_ENVS, PPG, SMALL, is_ppg
 
@@ -26,7 +26,7 @@ def test_compiled_stages_log_the_losses_of_the_eager_ones(name, tmp_path, monkey
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn.__name__) or compile_(fn, **kw))
     # as many test envs as training envs: the policy step's one graph serves both (a second batch size compiles a
     # second graph: 12 more C++ kernels for PPO, about 10% of the test's time where inductor's cache is cold)
-    flags = [*SMALL, "--num-eval-envs", str(NUM_ENVS), "--anneal-lr", *(PPG if is_ppg(name) else [])]
+    flags = [*SMALL, *NARROW, "--num-eval-envs", str(NUM_ENVS), "--anneal-lr", *(PPG if is_ppg(name) else [])]
     logged, tags = {}, ("losses/", "charts/learning_rate", "charts/episodic", "charts/test_episodic")
     for mode in ("off", "default"):
         monkeypatch.setattr(ScriptedProcgen, "made", [])  # the same games (numbered from 0) in each run

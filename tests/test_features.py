@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, load_script, read_scalars
+from conftest import NARROW, ROOT, load_script, read_scalars
 from scripted_env import Recorder, ids
 from test_distributed import torchrun
 from test_loop import NUM_ENVS, NUM_STEPS, PPG, SMALL, hand_gae, is_ppg, train
@@ -214,7 +214,13 @@ def test_eval_only_plays_the_levels_it_is_asked_for(name, tmp_path, monkeypatch)
 def test_under_torchrun_each_process_plays_its_own_levels_and_every_episode_is_logged(name, tmp_path):
     """Each process's games get their own seed; every process's episodes reach rank 0's log; nothing of the process
     group is left when `train()` returns."""
-    flags = [*SMALL, *(PPG if is_ppg(name) else []), "--exp-name", "ddp"]  # 2 of the 4 envs and 1 test env a process
+    flags = [
+        *SMALL,
+        *(PPG if is_ppg(name) else []),
+        *NARROW,
+        "--exp-name",
+        "ddp",
+    ]  # 2 of the 4 envs and 1 test env a process
     proc = torchrun([str(ROOT / "tests" / "ddp_train.py"), name, str(tmp_path / "out"), *flags], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"out.rank{rank}.json").read_text()) for rank in (0, 1)]
@@ -239,7 +245,7 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
     monkeypatch.setattr(script.AheadSteps, "act_ahead", lambda self, a, part=None: started.append((len(a), part))
                         or act_ahead(self, a, part))  # fmt: skip
     flags = ["--env-id", "bigfish", "--num-envs", "8", "--num-steps", "64", "--total-timesteps", "1024",
-             "--num-minibatches", "2", "--num-eval-envs", "4", "--device", "cpu",
+             "--num-minibatches", "2", "--num-eval-envs", "4", "--device", "cpu", *NARROW,
              *(PPG[:-2] + ["--e-auxiliary", "2"] if is_ppg(name) else [])]  # fmt: skip
     logged = {}
     for rollout in ("plain", "folded", "pipelined") if not is_ppg(name) else ("plain", "pipelined"):  # PPG: its share
