@@ -208,8 +208,7 @@ def test_same_seed_same_losses_other_seed_not(tmp_path, monkeypatch, name):
 
 @pytest.mark.parametrize("name", ["ppo_procgen", *FULL.values()])  # the lean files share the full files' lines
 def test_video_and_model_are_written(tmp_path, name):
-    flags = [*smoke_args(name, network=[]), "--total-timesteps", "512", "--device", "cpu", "--capture-video",
-             "--save-model"]  # fmt: skip
+    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", "cpu", "--capture-video", "--save-model"]
     proc = run_script(f"{name}.py", flags, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
