@@ -32,7 +32,7 @@ SMOKE_ARGS = ["--num-envs", "4", "--num-steps", "32", "--total-timesteps", "256"
 # what a script needs on top of SMOKE_ARGS for a smoke-sized run: PPG closes a phase every 2 iterations
 SCRIPT_ARGS = {
     "ppo_procgen": [],
-    "ppg_procgen": ["--n-iteration", "2", "--num-aux-rollouts", "2", "--e-auxiliary", "2"],
+    "ppg_procgen": ["--n-iteration", "2", "--num-aux-rollouts", "2", "--e-auxiliary", "1"],
 }
 AUX_TAGS = ["losses/aux/kl_loss", "losses/aux/aux_value_loss", "losses/aux/real_value_loss"]
 LOSS_TAGS = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl",

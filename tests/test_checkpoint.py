@@ -71,11 +71,11 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
     assert exc.value.code == 128 + signal.SIGTERM
     (run_dir,) = (tmp_path / "runs").glob("*stopped*")
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_00000003.pt"]
-    if "ppg" in name:  # 3 iterations x 2 policy minibatches and 2 auxiliary epochs x 4 minibatches: in one Adam or two
+    if "ppg" in name:  # 3 iterations x 2 policy minibatches and 1 auxiliary epoch x 4 minibatches: in one Adam or two
         ckpt = torch.load(run_dir / "checkpoints" / "iter_00000003.pt", weights_only=False)
         steps = [{int(s["step"]) for s in (opt or {"state": {}})["state"].values()} for opt in
                  (ckpt["optimizer"], ckpt["aux_optimizer"])]  # fmt: skip
-        assert steps == ([{6}, {8}] if extra else [{14, 8}, set()])  # shared: the auxiliary head's 8 steps, no more
+        assert steps == ([{6}, {4}] if extra else [{10, 4}, set()])  # shared: the auxiliary head's 4 steps, no more
         if extra:  # the auxiliary value head learns in the auxiliary phase only: the policy phase's Adam never saw it
             assert len(ckpt["aux_optimizer"]["state"]) == len(ckpt["optimizer"]["state"]) + 2
     monkeypatch.setattr(script, "compute_gae", compute_gae)

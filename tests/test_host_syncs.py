@@ -90,7 +90,8 @@ def test_no_host_traffic_between_the_minibatches_of_an_epoch(name, device, tmp_p
             marks[fn] = []
             monkeypatch.setattr(script, fn, counted(getattr(script, fn), traffic, marks[fn]))
     with traffic:
-        script.train(tyro.cli(script.Args, args=[*smoke_args(name), "--device", device]))
+        epochs = ["--e-auxiliary", "2"] if "ppg" in name else []  # PPG: two auxiliary epochs, one after the other
+        script.train(tyro.cli(script.Args, args=[*smoke_args(name), "--device", device, *epochs]))
     for fn, per_epoch in (("clipped_policy_loss", 2), ("policy_kl", 4)):
         if fn in marks:
             calls = marks[fn]

@@ -134,7 +134,7 @@ def test_a_separate_auxiliary_optimizer_takes_the_auxiliary_steps_and_anneals_al
 
     monkeypatch.setattr(torch.optim.Adam, "step", recording_step)
     flags = [*smoke_args("ppg_procgen_full"), "--total-timesteps", "512", "--anneal-lr", "--eval-interval", "0",
-             "--device", "cpu", "--aux-optimizer", "separate"]  # fmt: skip
+             "--device", "cpu", "--aux-optimizer", "separate", "--e-auxiliary", "2"]  # fmt: skip
     full.train(tyro.cli(full.Args, args=flags))
     # each phase: 2 iterations x 2 policy minibatches, then 2 auxiliary epochs x 4 minibatches
     policy, aux = seen[0][0], seen[4][0]
