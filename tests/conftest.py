@@ -92,8 +92,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not GPU, reason=
 
 
 # The full files' tests run a narrow network: what they check (checkpoints, the features, the command line) does not
-# depend on its size, and a PPG smoke run takes about a quarter of the time. The smoke tier and the tiers' parity run
-# the default network, which the lean files always have.
+# depend on its size, and a full PPG run at the smoke sizes takes about a quarter of the time. The smoke tier and the
+# tiers' parity run the default network, which the lean files always have.
 NARROW = ["--cnn-channels", "2"]  # one stack of 2 channels
 
 
