@@ -246,11 +246,10 @@ def test_evaluation_of_a_saved_agent(trained, tmp_path, monkeypatch, what):
         if what == "checkpoint"
         else run_dir / f"{script.SCRIPT}.cleanrl_model"
     )
-    if what == "model":  # the run's network has the flags' channels (the tests' narrow one), in every network
+    if what == "model":  # every network of the run (PPG's dual: two) has the flags' channels, the tests' narrow 2
         weights = torch.load(path, weights_only=True)
-        assert [w.shape[0] for k, w in weights.items() if k.endswith("network.0.weight")] == [2] * (
-            1 + script.SCRIPT.startswith("ppg")
-        )
+        first_convs = [w.shape[0] for k, w in weights.items() if k.endswith("network.0.weight")]
+        assert first_convs == ([2, 2] if script.SCRIPT.startswith("ppg") else [2])
     returns = train(script, [*flags, "--eval-only", str(path), "--eval-episodes", "5"])
     assert len(returns) == 5 and all(map(torch.isfinite, torch.tensor(returns)))
     train_levels = train(script, [*flags, "--eval-only", str(path), "--eval-episodes", "3", "--eval-train-levels"])

@@ -214,13 +214,8 @@ def test_eval_only_plays_the_levels_it_is_asked_for(name, tmp_path, monkeypatch)
 def test_under_torchrun_each_process_plays_its_own_levels_and_every_episode_is_logged(name, tmp_path):
     """Each process's games get their own seed; every process's episodes reach rank 0's log; nothing of the process
     group is left when `train()` returns."""
-    flags = [
-        *SMALL,
-        *(PPG if is_ppg(name) else []),
-        *NARROW,
-        "--exp-name",
-        "ddp",
-    ]  # 2 of the 4 envs and 1 test env a process
+    # 2 of the 4 envs and 1 test env a process
+    flags = [*SMALL, *(PPG if is_ppg(name) else []), *NARROW, "--exp-name", "ddp"]
     proc = torchrun([str(ROOT / "tests" / "ddp_train.py"), name, str(tmp_path / "out"), *flags], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"out.rank{rank}.json").read_text()) for rank in (0, 1)]
