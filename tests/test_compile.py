@@ -9,6 +9,9 @@ from conftest import NARROW, load_script, read_scalars
 from scripted_env import Bandit, ScriptedProcgen
 from test_loop import NUM_ENVS, PPG, SMALL, is_ppg
 
+# one worker: inductor's first compile in a process (about 19 s with its cache cold) is paid once for both scripts
+pytestmark = pytest.mark.xdist_group(__name__)
+
 STAGES = {
     "ppo_procgen_full": ["policy_step", "compute_gae", "update_minibatch"],
     "ppg_procgen_full": ["policy_step", "compute_gae", "update_minibatch", "aux_minibatch"],
