@@ -28,7 +28,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: one core's worth of thre
 
 # Small enough for a few seconds on 2 CPU cores: 2 iterations of 4 envs x 32 steps, 2 minibatches.
 SMOKE_ARGS = ["--num-envs", "4", "--num-steps", "32", "--total-timesteps", "256", "--num-minibatches", "2",
-              "--num-eval-envs", "8"]  # fmt: skip
+              "--num-eval-envs", "2"]  # fmt: skip
 # what a script needs on top of SMOKE_ARGS for a smoke-sized run: PPG closes a phase every 2 iterations
 SCRIPT_ARGS = {
     "ppo_procgen": [],
