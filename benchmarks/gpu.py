@@ -50,7 +50,7 @@ def run_step(cmd, timeout, env):
 
 def steps(opts):
     """(title, command, the table it writes or None): what the kit runs, in order. A check on a CPU (`--quick`) runs
-    one test file's CUDA cases (skipped there) and two rows of each table."""
+    one test file's CUDA cases (skipped there), one row of the speed options and two of the host side."""
     bench = [
         sys.executable,
         str(HERE / "throughput.py"),
@@ -65,7 +65,7 @@ def steps(opts):
     quick = ["--quick"] if opts.quick else []
     tests = ["tests/test_smoke.py"] if opts.quick else []
     serial = ["-n", "0"] if opts.quick else []  # a check on a CPU skips every CUDA case: no worker per core
-    rows = ["--only", "PPO default", "PPO eager, --rollout pipelined"] if opts.quick else []
+    rows = ["--only", "PPO eager, --rollout pipelined"] if opts.quick else []
     host_rows = ["--only", "PPO lean", "PPO full, --rollout pipelined"] if opts.quick else []
     return [
         ("CUDA tests", [*pytest, *tests, *serial, "-k", "cuda or gpu"], None),
