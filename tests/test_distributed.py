@@ -60,16 +60,12 @@ def test_two_processes_train_and_stay_in_sync(tmp_path, name, device):
 
 
 @pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
-def test_two_processes_compute_the_gradient_of_one(tmp_path, name):
-    rel = torchrun_check("ddp_gradients.py", name, tmp_path)
-    assert rel["data_parallel"] < 1e-5, rel  # 2 x 2 envs, global normalisation, all-reduce == 1 x 4 envs
+def test_two_processes_compute_the_gradient_and_the_rnd_statistics_of_one(tmp_path, name):
+    """tests/ddp_checks.py: 2 processes of 2 envs each against 1 process of 4 envs."""
+    rel = torchrun_check("ddp_checks.py", name, tmp_path)
+    assert rel["data_parallel"] < 1e-5, rel  # global normalisation and the all-reduce: the one process's gradient
     assert rel["local_norm"] > 1e-3 and rel["no_reduce"] > 1e-3, rel  # without either, it differs
-
-
-@pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
-def test_rnd_statistics_are_global_across_processes(tmp_path, name):
-    rel = torchrun_check("ddp_rnd.py", name, tmp_path)
-    assert rel["to_reference"] < 1e-5 and rel["between"] == 0, rel  # 2 x 2 envs hold what 1 x 4 envs hold
+    assert rel["rnd_to_reference"] < 1e-5 and rel["rnd_between"] == 0, rel  # RND's statistics: the one process's
 
 
 def children(pid):
