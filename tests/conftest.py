@@ -103,6 +103,13 @@ def smoke_args(name, network=NARROW):
     return [*SMOKE_ARGS, *SCRIPT_ARGS[name.removesuffix("_full")], *(network if name.endswith("_full") else [])]
 
 
+def narrow_lean(script, monkeypatch, stacks=(2,)):
+    """A lean file's network as NARROW asks a full file for it: the lean files have no flag for the stacks, so the
+    test sets their `impala_cnn`'s argument (a full file is left as it is: its tests pass NARROW)."""
+    if not script.__name__.endswith("_full"):
+        monkeypatch.setattr(script, "impala_cnn", functools.partial(script.impala_cnn, stacks=stacks))
+
+
 def parse(script, argv, **tyro_kwargs):
     """Args from `argv` as the script's entry point parses them: the full files' `parse_args` (one-line errors), or
     tyro.cli in the lean files (tyro's own message for a malformed flag)."""

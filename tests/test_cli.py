@@ -14,6 +14,7 @@ from conftest import (
     ROOT,
     assert_trained,
     load_script,
+    narrow_lean,
     only_run_dir,
     parse,
     python,
@@ -194,6 +195,7 @@ def test_two_runs_started_in_the_same_second_get_a_directory_each(tmp_path, name
 def test_same_seed_same_losses_other_seed_not(tmp_path, monkeypatch, name):
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
+    narrow_lean(script, monkeypatch)
     losses = {}
     for run, seed in (("a", 1), ("b", 1), ("c", 2)):
         args = tyro.cli(

@@ -7,7 +7,7 @@ import types
 
 import pytest
 import torch
-from conftest import MonkeyPatch, load_script, parse, read_scalars, smoke_args
+from conftest import MonkeyPatch, load_script, narrow_lean, parse, read_scalars, smoke_args
 from scripted_env import Recorder
 
 FULL = ["ppo_procgen_full", "ppg_procgen_full"]
@@ -136,6 +136,7 @@ def test_buffers_are_made_on_the_device_and_the_gpu_policy_is_set(name, tmp_path
 
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
+    narrow_lean(script, monkeypatch)
     Recorder(script, monkeypatch)
     monkeypatch.setattr(torch, "zeros", recording_zeros)
     with gpu_policy_kept():

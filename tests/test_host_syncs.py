@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import tyro
-from conftest import DEVICES, load_script, smoke_args
+from conftest import DEVICES, load_script, narrow_lean, smoke_args
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -84,6 +84,7 @@ def test_no_host_traffic_between_the_minibatches_of_an_epoch(name, device, tmp_p
     auxiliary one `policy_kl` once (4 an epoch); between two calls of one epoch the count must not grow."""
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
+    narrow_lean(script, monkeypatch)
     traffic, marks = HostTraffic() if device == "cpu" else DeviceSyncs(), {}
     for fn in ("clipped_policy_loss", "policy_kl"):
         if hasattr(script, fn):

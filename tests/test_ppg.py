@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 import tyro
-from conftest import load_script, read_scalars, smoke_args
+from conftest import load_script, narrow_lean, read_scalars, smoke_args
 
 ARCHS = ["dual", "shared", "detach"]
 
@@ -81,6 +81,7 @@ def test_kl_term():
 def test_learning_rate_anneals_over_the_run_not_per_phase(tmp_path, monkeypatch):
     ppg = load_script("ppg_procgen")
     monkeypatch.chdir(tmp_path)
+    narrow_lean(ppg, monkeypatch)
     flags = [*smoke_args("ppg_procgen"), "--total-timesteps", "512", "--anneal-lr", "--eval-interval", "0",
              "--device", "cpu"]  # fmt: skip
     run_name = ppg.train(tyro.cli(ppg.Args, args=flags))
@@ -95,6 +96,7 @@ def test_learning_rate_anneals_over_the_run_not_per_phase(tmp_path, monkeypatch)
 def test_an_epoch_without_the_policy_loss_leaves_the_policy_bitwise_unchanged(tmp_path, monkeypatch, arch):
     ppg = load_script("ppg_procgen")
     monkeypatch.chdir(tmp_path)
+    narrow_lean(ppg, monkeypatch)
     moved, adam_step = [], torch.optim.Adam.step
 
     def recording_step(self, *args, **kwargs):  # which parameters each optimizer step changed
