@@ -230,7 +230,7 @@ def test_allocator_setting_changes_no_result(tmp_path):
     for setting in ("--tune-malloc", "--no-tune-malloc"):
         cwd = tmp_path / setting.strip("-")
         cwd.mkdir()
-        proc = run_script("ppo_procgen_full.py", [*smoke_args("ppo_procgen"), "--device", "cpu", setting], cwd)
+        proc = run_script("ppo_procgen_full.py", [*smoke_args("ppo_procgen_full"), "--device", "cpu", setting], cwd)
         assert proc.returncode == 0, proc.stderr[-3000:]
         scalars = read_scalars(only_run_dir(cwd))
         assert_trained(scalars, iterations=2)
