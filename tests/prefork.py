@@ -95,6 +95,9 @@ def serve(path):
     env_at_import = dict(os.environ)
     preload()
     gc.collect()
+    # what the imports made goes to the collector's permanent generation: a forked process's collections, the last one
+    # at its exit included, walk only what it made itself (a run's exit 0.9 s -> 0.3 s; its pages stay shared)
+    gc.freeze()
     # no Python thread left running, which a forked process would lose (OpenBLAS's idle pool, which numpy may start,
     # shuts itself down around a fork)
     assert threading.active_count() == 1, threading.enumerate()
