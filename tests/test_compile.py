@@ -26,7 +26,12 @@ def test_compiled_stages_log_the_losses_of_the_eager_ones(name, tmp_path, monkey
     monkeypatch.setattr(script, "Procgen", ScriptedProcgen)
     monkeypatch.setattr(ScriptedProcgen, "script", Bandit())  # one-step episodes, rewards 0 or 1
     compiled, compile_ = [], torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compiled.append(fn.__name__) or compile_(fn, **kw))
+    # the policy step and the advantages one graph each (a break is an error): the minibatches are cut where dynamo
+    # cuts any training step (zero_grad, backward, the optimizer's step)
+    whole = lambda fn: fn.__name__ in ("policy_step", "compute_gae")  # noqa: E731
+    monkeypatch.setattr(
+        torch, "compile", lambda fn, **kw: compiled.append(fn.__name__) or compile_(fn, **kw, fullgraph=whole(fn))
+    )
     # as many test envs as training envs: the policy step's one graph serves both (a second batch size compiles a
     # second graph: 12 more C++ kernels for PPO, about 10% of the test's time where inductor's cache is cold)
     flags = [*SMALL, *NARROW, "--num-eval-envs", str(NUM_ENVS), "--anneal-lr", *(PPG if is_ppg(name) else [])]
