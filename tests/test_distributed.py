@@ -44,8 +44,14 @@ def torchrun_check(check, name, tmp_path):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("device", TWO_DEVICES)
-@pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
+# PPO on the CPU: the killed-process test below trains it under torchrun and checks the same
+SYNC_RUNS = [
+    ("ppg_procgen_full", "cpu"),
+    *(pytest.param(name, "cuda", marks=TWO_DEVICES[1].marks) for name in ("ppo_procgen_full", "ppg_procgen_full")),
+]
+
+
+@pytest.mark.parametrize("name,device", SYNC_RUNS)
 def test_two_processes_train_and_stay_in_sync(tmp_path, name, device):
     flags = [*smoke_args(name), "--total-timesteps", "512", "--device", device]  # 4 iterations, 128 steps per env
     proc = torchrun([str(ROOT / f"{name}.py"), *flags], tmp_path)
@@ -110,8 +116,11 @@ def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path):
     assert "resumed from" in out
     scalars = read_scalars(only_run_dir(tmp_path))
     # the job finished, every iteration logged once: what the dead run logged after its checkpoint was dropped
+    assert_trained(scalars, iterations=6)  # real updates, finite losses
     assert [step for step, _ in scalars["losses/policy_loss"]] == [128 * i for i in range(1, 7)]
-    assert scalars["charts/ranks_max_param_diff"] == [(total, 0.0)]
+    assert [step for step, _ in scalars["charts/SPS"]] == [128 * i for i in range(1, 7)]  # both processes' steps
+    assert scalars["charts/ranks_max_param_diff"] == [(total, 0.0)]  # both processes ended with the same weights
+    assert scalars["charts/episodic_return"]  # gathered from the processes' envs
 
 
 @pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
