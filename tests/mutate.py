@@ -8,15 +8,19 @@ the scripts or the tests:
     python tests/mutate.py --tests tests/test_math.py tests/test_ppg.py tests/test_env.py tests/test_smoke.py
                                         # against other tests: here, the suite as it was before test_loop.py
 
-It prints one line per mistake, killed or survived, and exits 1 if any survived (or if the unchanged copy fails).
+It runs one mistake per core at a time (`--jobs`), each in a copy of its own, its tests in one pytest process with
+one torch thread (no pytest-xdist workers to start for each mistake). It prints one line per mistake, killed or
+survived, as each ends, and exits 1 if any survived (or if the unchanged copy fails).
 """
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,8 +152,10 @@ def run_tests(copy, file, tests=None, own=None):
     default, only = TESTS[file]
     if own:  # the mistake's own tests: the cases of this file among them, or ("any case") all of them
         default, only = own[0], own[1] if own[2:] == ("any case",) else f"({own[1]}) and {only}"
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *(tests or default), "-k", only]
-    return subprocess.run(cmd, cwd=copy, capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-n", "0", *(tests or default), "-k",
+           only]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one core's worth of threads: the mistakes run side by side
+    return subprocess.run(cmd, cwd=copy, capture_output=True, text=True, env=env)
 
 
 def fresh_copy(into):
@@ -163,33 +169,48 @@ def main():
     parser.add_argument("-k", default="", help="only the mistakes whose description contains this text (or one of "
                         "several, as in 'kl|rotation')")  # fmt: skip
     parser.add_argument("--tests", nargs="+", help="the test files to run on each copy (default: each file's own)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="mistakes at a time (default: one per core)")
     opts = parser.parse_args()
     chosen = [m for m in MUTANTS if any(k.lower() in m[3].lower() for k in opts.k.split("|"))]
-    started, survived = time.time(), []
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp)
-        fresh_copy(copy)
-        for file in sorted({m[0] for m in chosen}):  # the unchanged copy passes, or no mistake could be told from it
+    for file, old, _, what, *_ in chosen:
+        if (ROOT / file).read_text().count(old) != 1:
+            sys.exit(f"{what}: the line `{old.strip()}` is not in {file} exactly once; update the list")
+    started = time.time()
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(opts.jobs) as pool:
+        copies = [Path(tmp) / str(i) for i in range(opts.jobs)]
+        for copy in copies:
+            copy.mkdir()
+            fresh_copy(copy)
+        free = list(copies)  # the copies no mistake is using; each thread takes one and gives it back
+
+        def unchanged(file):  # the unchanged copy passes, or no mistake could be told from it
+            copy = free.pop()
             proc = run_tests(copy, file, opts.tests)
-            if proc.returncode != 0:
-                sys.exit(f"the unchanged {file} fails its fast tests:\n{proc.stdout[-2000:]}")
-        for file, old, new, what, *own in chosen:
-            source = (ROOT / file).read_text()
-            if source.count(old) != 1:
-                sys.exit(f"{what}: the line `{old.strip()}` is not in {file} exactly once; update the list")
+            free.append(copy)
+            return proc.returncode == 0 or sys.exit(
+                f"the unchanged {file} fails its fast tests:\n{proc.stdout[-2000:]}"
+            )
+
+        list(pool.map(unchanged, sorted({m[0] for m in chosen})))
+
+        def check(mutant):
+            file, old, new, what, *own = mutant
+            copy, source = free.pop(), (ROOT / file).read_text()
             (copy / file).write_text(source.replace(old, new))
             begun = time.time()
             proc = run_tests(copy, file, opts.tests, *own)
             (copy / file).write_text(source)
+            free.append(copy)
             failed = [line.split(" ")[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
-            # a test failed (under pytest-xdist, -x ends the session as interrupted: status 2, with the failure named);
-            # 0 is a survivor, anything else an error of the run
+            # a test failed (1; under pytest-xdist, where --tests' files may ask for it, -x ends the session as
+            # interrupted: 2, with the failure named); 0 is a survivor, anything else an error of the run
             killed = proc.returncode == 1 or (proc.returncode == 2 and bool(failed))
             status = "killed" if killed else ("SURVIVED" if proc.returncode == 0 else f"error {proc.returncode}")
             print(f"{status:8}  {file:19}  {what}  ({time.time() - begun:.0f}s{', by ' + failed[0] if failed else ''})",
                   flush=True)  # fmt: skip
-            if not killed:
-                survived.append(what)
+            return killed
+
+        survived = [m[3] for m, killed in zip(chosen, pool.map(check, chosen), strict=True) if not killed]
     print(f"{len(chosen) - len(survived)} of {len(chosen)} killed in {(time.time() - started) / 60:.1f} min")
     sys.exit(1 if survived else 0)
 
