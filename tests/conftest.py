@@ -93,8 +93,8 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not GPU, reason=
 
 # The full files' tests run a narrow network: what they check (checkpoints, the features, the command line) does not
 # depend on its size, and a full PPG run at the smoke sizes takes about a quarter of the time. The smoke tier, the
-# tiers' parity (the lean files have only the default network) and the loop tests, whose checks of ratios and clipping
-# need the default network's updates, keep the default.
+# tiers' parity (each file at its defaults) and the loop tests, whose checks of ratios and clipping need the default
+# network's updates, keep the default.
 NARROW = ["--cnn-channels", "2"]  # one stack of 2 channels
 
 

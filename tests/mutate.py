@@ -181,26 +181,29 @@ def main():
         for copy in copies:
             copy.mkdir()
             fresh_copy(copy)
-        free = list(copies)  # the copies no mistake is using; each thread takes one and gives it back
+        free = list(copies)  # the copies no mistake is using
+
+        def run_on_a_copy(file, text, *own):
+            """`file`'s tests on a free copy whose `file` reads `text` (a mistake, or the file as it is)."""
+            copy = free.pop()
+            try:
+                (copy / file).write_text(text)
+                return run_tests(copy, file, opts.tests, *own)
+            finally:
+                (copy / file).write_text((ROOT / file).read_text())
+                free.append(copy)
 
         def unchanged(file):  # the unchanged copy passes, or no mistake could be told from it
-            copy = free.pop()
-            proc = run_tests(copy, file, opts.tests)
-            free.append(copy)
-            return proc.returncode == 0 or sys.exit(
-                f"the unchanged {file} fails its fast tests:\n{proc.stdout[-2000:]}"
-            )
+            proc = run_on_a_copy(file, (ROOT / file).read_text())
+            if proc.returncode != 0:
+                raise SystemExit(f"the unchanged {file} fails its fast tests:\n{proc.stdout[-2000:]}")
 
         list(pool.map(unchanged, sorted({m[0] for m in chosen})))
 
         def check(mutant):
             file, old, new, what, *own = mutant
-            copy, source = free.pop(), (ROOT / file).read_text()
-            (copy / file).write_text(source.replace(old, new))
             begun = time.time()
-            proc = run_tests(copy, file, opts.tests, *own)
-            (copy / file).write_text(source)
-            free.append(copy)
+            proc = run_on_a_copy(file, (ROOT / file).read_text().replace(old, new), *own)
             failed = [line.split(" ")[1] for line in proc.stdout.splitlines() if line.startswith("FAILED")]
             # a test failed (1; under pytest-xdist, where --tests' files may ask for it, -x ends the session as
             # interrupted: 2, with the failure named); 0 is a survivor, anything else an error of the run
