@@ -46,6 +46,13 @@ NETWORK_TESTS = (["tests/test_checkpoint.py"], "bad_checkpoints or evaluation")
 # the compiled stages' test, for the mistakes in --compile
 COMPILE_TESTS = (["tests/test_compile.py"], "compiled")
 
+# the tiers' parity at one seed (its cases are named after the lean file), for the mistakes that a full file alone
+# can make in the lean file's arithmetic
+TIER_TESTS = {
+    full: (["tests/test_tiers.py"], f"bit_identical and {lean}", "any case")
+    for full, lean in (("ppo_procgen_full.py", "not ppg"), ("ppg_procgen_full.py", "ppg_procgen"))
+}
+
 # (file, the line's text as it is, the mistake, what it breaks[, (test files, -k) in place of the file's own]); the
 # text must occur once in the file
 MUTANTS = [
@@ -110,6 +117,8 @@ MUTANTS = [
         ("episodes = [e for rank_episodes in gather_objects(episodes, args.world_size) for e in rank_episodes]",
          "episodes = list(episodes)", "torchrun: only rank 0's episodes logged"),
         ("lambda v, a: 0 <= v <= 256", "lambda v, a: True", "--env-threads' rule allows everything"),
+        ("torch.cat([self.noise, test_noise], 1)", "torch.cat([test_noise, self.noise], 1)",
+         "a folded rollout's test envs' noise put before the training envs'"),
         ("approx_kl = ((ratio - 1) - logratio).mean()",
          "approx_kl = torch.tensor(((ratio - 1) - logratio).mean().item())",
          "approx_kl read back by the host every minibatch"),
@@ -131,6 +140,10 @@ MUTANTS = [
          "--compile compiles nothing"),
         ("fallback_random = True", "fallback_random = False", "the compiled stages draw from inductor's own generator"),
         ('group["lr"].fill_(lr)', "pass", "a compiled run's learning rate never annealed"),
+    ]],
+    *[(full, old, new, f"{full[:3].upper()} full: {what}", TIER_TESTS[full]) for full in (PPO_FULL, PPG_FULL)
+      for old, new, what in [
+        ("index_select(dim, inds)", "index_select(dim, inds.sort().values)", "a minibatch gathered in sorted order"),
     ]],
     # the message comes from the file that resumes the other script's run: the test case named after the run's script
     *[(full, "if other != SCRIPT:  # before", "if False:  # before",
