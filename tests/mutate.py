@@ -144,6 +144,7 @@ MUTANTS = [
     *[(full, old, new, f"{full[:3].upper()} full: {what}", TIER_TESTS[full]) for full in (PPO_FULL, PPG_FULL)
       for old, new, what in [
         ("index_select(dim, inds)", "index_select(dim, inds.sort().values)", "a minibatch gathered in sorted order"),
+        ('(("return", r), ("length", l))', '(("return", l), ("length", r))', "an episode's return and length swapped"),
     ]],
     # the message comes from the file that resumes the other script's run: the test case named after the run's script
     *[(full, "if other != SCRIPT:  # before", "if False:  # before",
