@@ -1,7 +1,7 @@
 """The loop's own cost: what a rollout step costs when the games answer at once and the network does no work.
 
     python benchmarks/loop_cost.py                        # every row, 3 repetitions: about 10 minutes on 2 CPU cores
-    python benchmarks/loop_cost.py --before OLD_CHECKOUT  # the same rows of an older checkout's scripts, side by side
+    python benchmarks/loop_cost.py --before OLD [OLDER]   # the same rows of older checkouts' scripts, side by side
     python benchmarks/loop_cost.py --quick                # tiny sizes, one repetition: checks that it works
 
 Each row runs the script's own `train()` at the default sizes (64 training envs, 16 test envs every iteration, 256
@@ -115,7 +115,14 @@ def main():
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a check, not a measurement")
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every row (3; quick: 1)")
     parser.add_argument("--iterations", type=int, default=None, help="iterations of every run (5; quick: 3)")
-    parser.add_argument("--before", type=Path, default=None, help="an older checkout whose scripts run beside these")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="CHECKOUT",
+        help="older checkouts whose scripts run beside these (a column each, named after its folder)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="where LOOP.md goes (this folder; quick: its quick/)")
     parser.add_argument("--only", nargs="+", default=None, metavar="TEXT", help="only rows whose names contain one")
     opts = parser.parse_args()
@@ -125,7 +132,7 @@ def main():
     reps, iterations = opts.reps or (1 if opts.quick else 3), opts.iterations or (3 if opts.quick else 5)
     sizes = ["--num-envs", "8", "--num-steps", "16", "--num-eval-envs", "4"] if opts.quick else []
     rows = [r for r in ROWS if opts.only is None or any(text in r[0] for text in opts.only)]
-    trees = {"after": ROOT, **({"before": opts.before.resolve()} if opts.before else {})}
+    trees = {"after": ROOT, **{path.resolve().name: path.resolve() for path in opts.before}}
     results = {(name, tree): [] for name, *_ in rows for tree in trees}
     for rep in range(reps):  # the rows alternate, so that a shared machine's drift falls on all of them alike
         for name, script, flags in rows:
@@ -133,7 +140,7 @@ def main():
                 results[name, tree].append(measure(root / f"{script}.py", flags, iterations, sizes, out))
                 print(f"rep {rep + 1}/{reps}  {name} ({tree}): {results[name, tree][-1]:.0f} us a step", flush=True)
     cmd = "python benchmarks/loop_cost.py" + (" --quick" if opts.quick else "")
-    cmd += " --before OLD_CHECKOUT" if opts.before else ""
+    cmd += " --before " + " ".join(list(trees)[1:]) if opts.before else ""
     lines = [
         "# The loop's own cost" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else ""),
         "",
