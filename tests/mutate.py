@@ -119,6 +119,8 @@ MUTANTS = [
         ("lambda v, a: 0 <= v <= 256", "lambda v, a: True", "--env-threads' rule allows everything"),
         ("torch.cat([self.noise, test_noise], 1)", "torch.cat([test_noise, self.noise], 1)",
          "a folded rollout's test envs' noise put before the training envs'"),
+        ("does nothing either\n        return self", "does nothing either\n        return None",
+         "torchrun: the other ranks' writer has no file writer for the episodes"),
         ("approx_kl = ((ratio - 1) - logratio).mean()",
          "approx_kl = torch.tensor(((ratio - 1) - logratio).mean().item())",
          "approx_kl read back by the host every minibatch"),
