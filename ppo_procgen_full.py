@@ -360,8 +360,8 @@ class RolloutPolicy:
             return self.policy_step(self.agent, next_obs)
         outs, last = [], len(next_obs) // self.size - 1
         for k in range(last + 1):
-            x, noise = next_obs[k * self.size : (k + 1) * self.size], self.noise[self.t, k * self.size :]
-            noise = noise if k == last else noise[: self.size]  # the last part's rows: the test envs' too
+            rows = slice(k * self.size, None if k == last else (k + 1) * self.size)  # the last: the test envs' too
+            x, noise = next_obs[k * self.size : (k + 1) * self.size], self.noise[self.t, rows]
             if k == last and self.test_envs is not None:  # joined inside the stage: compiled, no copy of their own
                 x = (x, self.test_obs)
             out = self.policy_step(self.agent, x, noise)
