@@ -1,4 +1,19 @@
 # PPO: https://arxiv.org/abs/1707.06347 -- Procgen setup of PPG: https://arxiv.org/abs/2009.04416
+# /// script
+# requires-python = ">=3.10,<3.14"
+# dependencies = [
+#     'torch==2.13.0',
+#     'procgen==0.10.7; python_version < "3.11"',
+#     'procgen-mirror==0.10.7; python_version >= "3.11" and python_version < "3.13"',
+#     'procgen-gym==0.1.1; python_version >= "3.13"',
+#     'numpy<2; python_version < "3.13"',
+#     'gymnasium>=1.4,<2',
+#     'tyro>=0.9',
+#     'tensorboard>=2.10',
+#     'setuptools<81; python_version < "3.13"',
+#     'imageio-ffmpeg>=0.5; python_version >= "3.13"',
+# ]
+# ///
 """PPO on Procgen: the Procgen paper's easy setup (starpilot, 200 training levels, 25M steps, 64 envs x 256 steps,
 8 minibatches, 3 epochs), held-out test levels. ppo_procgen.py, the lean reference, plus checkpoints, torchrun, RND,
 V-trace and more. A quick look on a CPU: python ppo_procgen_full.py --total-timesteps 8192 --num-envs 8 --num-steps 64
