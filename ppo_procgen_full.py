@@ -23,6 +23,7 @@ import contextlib
 import copy
 import ctypes
 import dataclasses
+import errno
 import fcntl
 import functools
 import glob
@@ -36,6 +37,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 import typing
 from collections import deque
@@ -1075,12 +1077,48 @@ class WholeWrites:
         pass
 
 
+NOT_WRITTEN = {}  # by run directory, what the run was asked to write and could not: {"checkpoint": path, "model": path}
+
+
+def what_is_kept(run_dir):
+    """The newest checkpoint of the run on disk (each is written whole or not at all) and its iteration, in words."""
+    found = sorted(glob.glob(f"{run_dir}/checkpoints/iter_*.pt"))
+    if not found:
+        return "no checkpoint of this run exists yet"
+    return f"the newest checkpoint kept is {found[-1]} (iteration {int(os.path.basename(found[-1])[5:13])})"
+
+
+def model_not_written(model_path, exc):
+    """`--save-model`'s write failed: one line, and the end of the run exits with status 4 (exit_unless_kept). A run
+    directory that is gone is not a full disk: the error goes on to keeps_process_settings."""
+    if removed_run_dir(exc):
+        raise exc
+    print(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept",
+          file=sys.stderr, flush=True)  # fmt: skip
+    NOT_WRITTEN.setdefault(os.path.dirname(model_path), {})["model"] = model_path
+
+
+def exit_unless_kept(run_dir):
+    """A run that ends without its last checkpoint or its model file written exits with status 4, its last line
+    saying what is on disk: a scheduler or a sweep that reads the status must not take it for a run to resume or use."""
+    missed = NOT_WRITTEN.pop(run_dir, {})
+    if "checkpoint" in missed:
+        found = sorted(glob.glob(f"{run_dir}/checkpoints/iter_*.pt"))
+        then = f"resume with: python {SCRIPT}.py --resume {found[-1]}" if found else "the run cannot be resumed"
+        print(f"{SCRIPT}.py: error: the run ended without its last checkpoint, {missed['checkpoint']}; "
+              f"{what_is_kept(run_dir)}: {then}", file=sys.stderr, flush=True)  # fmt: skip
+    if missed:
+        raise SystemExit(4)
+
+
 def save_checkpoint(run_dir, name, state, keep=None, kept=None):
     """Write to a temporary file, flush it to disk, then rename: a kill at any moment leaves the old files whole. A
     write that fails (a full disk, a quota) removes its temporary file, says why in one line and returns None. Then
     the `keep` newest are kept: of the checkpoints written before this one (whose names sort before it: a resume set
     the newer ones aside), the oldest go, never this one nor `kept`, the checkpoint the run resumed from."""
     path = f"{run_dir}/checkpoints/{name}"
+    if not os.path.isdir(run_dir):  # removed mid-run: not made again (keeps_process_settings stops the run)
+        raise FileNotFoundError(errno.ENOENT, "the run directory is gone", run_dir)
     try:  # straight into the file, not through a copy in memory: PPG's phase buffer may be 6 GiB
         os.makedirs(f"{run_dir}/checkpoints", exist_ok=True)
         with open(path + ".tmp", "wb", buffering=0) as f:
@@ -1093,9 +1131,13 @@ def save_checkpoint(run_dir, name, state, keep=None, kept=None):
             raise
         with contextlib.suppress(OSError):
             os.remove(path + ".tmp")
-        print(f"{SCRIPT}.py: warning: {path} not written: {exc.strerror or exc}; the earlier checkpoints are kept",
+        if name.startswith("iter_"):  # what the end of the run reports (exit_unless_kept)
+            NOT_WRITTEN.setdefault(run_dir, {})["checkpoint"] = path
+        print(f"{SCRIPT}.py: warning: {path} not written: {exc.strerror or exc}; {what_is_kept(run_dir)}",
               file=sys.stderr, flush=True)  # fmt: skip
         return None
+    if name.startswith("iter_"):
+        NOT_WRITTEN.get(run_dir, {}).pop("checkpoint", None)
     older = [p for p in sorted(glob.glob(f"{run_dir}/checkpoints/iter_*.pt")) if os.path.basename(p) < name]
     for old in older[: max(len(older) - keep + 1, 0) if keep else 0]:
         if not (kept and os.path.exists(kept) and os.path.samefile(old, kept)):
@@ -1407,17 +1449,45 @@ def evaluate_saved(args: Args):
 
 
 # ── process-wide settings: put back when `train` returns or raises, so that calling it twice starts clean ──
+def removed_run_dir(exc):
+    """`runs/NAME` where an OSError's file lies in a run directory that no longer exists (removed mid-run), or None."""
+    parts = os.fsdecode(exc.filename or "").split(os.sep)
+    gone = len(parts) > 1 and parts[0] == "runs" and not os.path.isdir(f"runs/{parts[1]}")
+    return f"runs/{parts[1]}" if gone else None
+
+
+def quiet_event_writer(hook):
+    """A `threading.excepthook` silent on TensorBoard's writer thread's OSError (a removed run directory): the main
+    thread meets the same error at its next write, and says it in one line."""
+
+    def excepthook(failed):
+        if not (isinstance(failed.exc_value, OSError) and type(failed.thread).__name__ == "_AsyncWriterThread"):
+            hook(failed)
+
+    return excepthook
+
+
 def keeps_process_settings(train):
-    """The console (the status line's or a silent rank's `sys.stdout`), the stop signals' handlers, and
-    torch.distributions' argument checks, as they were before `train`."""
+    """The console (the status line's or a silent rank's `sys.stdout`), the stop signals' handlers, torch.distributions'
+    argument checks and threads' exception hook, as they were before `train`; a run directory removed mid-run stops
+    the run in one line, exit status 5."""
 
     @functools.wraps(train)
     def wrapper(*args, **kwargs):
         stdout, handlers = sys.stdout, {s: signal.getsignal(s) for s in STOP_SIGNALS}
-        validate = torch.distributions.Distribution._validate_args
+        validate, thread_hook = torch.distributions.Distribution._validate_args, threading.excepthook
+        threading.excepthook = quiet_event_writer(thread_hook)
         try:
             return train(*args, **kwargs)
+        except FileNotFoundError as exc:
+            if removed_run_dir(exc) is None:
+                raise
+            print(f"{SCRIPT}.py: error: {removed_run_dir(exc)} was removed while the run went on, and its logs and "
+                  "checkpoints with it; stopped, nothing made again", file=sys.stderr, flush=True)  # fmt: skip
+            raise SystemExit(5) from None
         finally:
+            threading.excepthook = thread_hook
+            NOT_WRITTEN.clear()
             if isinstance(sys.stdout, StatusLine):  # the status line ends with the run
                 sys.stdout.restore()
             elif sys.stdout is not stdout:  # a silent rank's
@@ -1733,6 +1803,9 @@ def train(args: Args):
     writer.close()
     if args.save_model and args.rank == 0:
         save_model(agent, f"runs/{run_name}/{args.exp_name}.cleanrl_model")
+    # ── what the run was asked to keep [25]: its last checkpoint and its model file, or exit status 4 ──
+    exit_unless_kept(f"runs/{run_name}")
+    # ── end what the run was asked to keep ──
     return run_name
 
 
@@ -1762,7 +1835,7 @@ def save_model(agent, model_path):
     except OSError as exc:
         with contextlib.suppress(FileNotFoundError):
             os.remove(model_path)  # no partial file
-        sys.exit(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept")
+        return model_not_written(model_path, exc)  # [25] the run goes on to its end, then exits with status 4
     console(f"model saved to {model_path}")
 
 

@@ -40,6 +40,9 @@ TESTS = {  # each file's tests: the test files, and pytest's -k for the cases of
 RESUME_TESTS = (["tests/test_checkpoint.py"], "older or unreadable_newest or second_run or stale or restarted_torchrun "
                 "or other_script or rotation")  # fmt: skip
 
+# the tests of what a run was asked to keep: a full disk (the checkpoints', the model's) and a removed run directory
+KEPT_TESTS = (["tests/test_checkpoint.py", "tests/test_no_traceback.py"], "full_disk or status_4 or removed")
+
 # the tests that a run's network has the flags' channels, and that a checkpoint of other channels is refused
 NETWORK_TESTS = (["tests/test_checkpoint.py"], "bad_checkpoints or evaluation")
 
@@ -147,6 +150,19 @@ MUTANTS = [
       for old, new, what in [
         ("index_select(dim, inds)", "index_select(dim, inds.sort().values)", "a minibatch gathered in sorted order"),
         ('(("return", r), ("length", l))', '(("return", l), ("length", r))', "an episode's return and length swapped"),
+    ]],
+    *[(full, old, new, f"{full[:3].upper()} full: {what}", KEPT_TESTS) for full in (PPO_FULL, PPG_FULL)
+      for old, new, what in [
+        ('NOT_WRITTEN.get(run_dir, {}).pop("checkpoint", None)', "pass",
+         "a checkpoint written after a failed one does not clear the failure"),
+        ("    if missed:\n        raise SystemExit(4)", "    if missed:\n        pass",
+         "a run without its last checkpoint or model file exits with status 0"),
+        ("if not os.path.isdir(run_dir):  # removed mid-run", "if False:  # removed mid-run",
+         "a checkpoint makes a removed run directory again"),
+        ("threading.excepthook = quiet_event_writer(thread_hook)", "pass",
+         "TensorBoard's writer thread prints its traceback when the run directory is removed"),
+        ('NOT_WRITTEN.setdefault(os.path.dirname(model_path), {})["model"] = model_path', "pass",
+         "a model file not written ends the run with status 0"),
     ]],
     # the message comes from the file that resumes the other script's run: the test case named after the run's script
     *[(full, "if other != SCRIPT:  # before", "if False:  # before",

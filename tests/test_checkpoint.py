@@ -308,6 +308,42 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     assert torch.load(first, weights_only=False) == {"iteration": 1}
 
 
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_only_the_last_checkpoint_missing_ends_the_run_with_status_4(name, tmp_path, monkeypatch, capsys):
+    """A failed checkpoint followed by one written is no loss (the run's end says nothing); the last one failed is
+    exit status 4 and one line. A run directory that is gone is not made again: its error goes to the caller."""
+    script, run_dir = load_script(name), str(tmp_path / "run")
+    os.mkdir(run_dir)
+
+    def disk_full(*_):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(script, "WholeWrites", disk_full)
+        assert script.save_checkpoint(run_dir, "iter_00000001.pt", {"iteration": 1}) is None
+    assert script.save_checkpoint(run_dir, "iter_00000002.pt", {"iteration": 2})
+    script.exit_unless_kept(run_dir)  # nothing missing: returns
+    with monkeypatch.context() as patch:
+        patch.setattr(script, "WholeWrites", disk_full)
+        script.save_checkpoint(run_dir, "iter_00000003.pt", {"iteration": 3})
+    with pytest.raises(SystemExit) as stop:
+        script.exit_unless_kept(run_dir)
+    assert stop.value.code == 4 and capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"{name}.py: error: the run ended without its last checkpoint, {run_dir}/checkpoints/iter_00000003.pt; the "
+        f"newest checkpoint kept is {run_dir}/checkpoints/iter_00000002.pt (iteration 2): resume with"
+    )
+    with monkeypatch.context() as patch:  # a model file not written: status 4 too
+        patch.setattr(script, "open", disk_full, raising=False)
+        script.save_model(torch.nn.Linear(1, 1), f"{run_dir}/model")
+    with pytest.raises(SystemExit) as stop:
+        script.exit_unless_kept(run_dir)
+    assert stop.value.code == 4
+    shutil.rmtree(run_dir)
+    with pytest.raises(FileNotFoundError):
+        script.save_checkpoint(run_dir, "iter_00000004.pt", {"iteration": 4})
+    assert not os.path.exists(run_dir)
+
+
 def test_keep_checkpoints_prunes_the_oldest(tmp_path):
     script = load_script("ppo_procgen_full")
     for i in range(1, 6):
@@ -343,23 +379,30 @@ def contents(run_dir):
 
 
 def test_a_full_disk_skips_the_checkpoint_and_keeps_the_earlier_ones(trained, tmp_path):
-    """A file-size limit below one checkpoint's size, as a full disk or a quota would: the resumed run goes on."""
+    """A file-size limit below one checkpoint's size, as a full disk or a quota would: the resumed run goes on to its
+    end, each warning naming the newest checkpoint kept, and exits with status 4, saying how to resume from it."""
     script, flags, run_dir = copy_of_run(trained, tmp_path)
     before = contents(run_dir / "checkpoints")
     limit = min(len(data) for data in before.values()) // 4  # the event files stay far below it
 
-    # 2 more iterations, their checkpoints; no saved model, whose failed write would end the run (test_no_traceback)
+    # 2 more iterations, their checkpoints; no saved model (its failed write is test_no_traceback's)
     flags = [*flags, "--total-timesteps", "512", "--no-save-model", "--resume", str(run_dir)]
     proc = subprocess.run([*python(), str(ROOT / f"{script.SCRIPT}.py"), *flags], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, preexec_fn=file_size_limit(limit))  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 4, proc.stderr[-3000:]
     warnings = [line for line in proc.stderr.splitlines() if "not written" in line]
     written = (4,) if script.SCRIPT == "ppg_procgen_full" else (3, 4)  # PPG: at the end of the one phase
+    kept = f"runs/{run_dir.name}/checkpoints/iter_00000002.pt"
     for iteration, line in zip(written, warnings, strict=True):
         path = f"runs/{run_dir.name}/checkpoints/iter_{iteration:08d}.pt"
-        assert (
-            line == f"{script.SCRIPT}.py: warning: {path} not written: File too large; the earlier checkpoints are kept"
+        assert line == (
+            f"{script.SCRIPT}.py: warning: {path} not written: File too large; the newest checkpoint kept is {kept} "
+            "(iteration 2)"
         )
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"{script.SCRIPT}.py: error: the run ended without its last checkpoint, {path}; the newest checkpoint kept is "
+        f"{kept} (iteration 2): resume with: python {script.SCRIPT}.py --resume {kept}"
+    )
     assert "iter 4/4" in proc.stdout  # training went on to the end
     assert contents(run_dir / "checkpoints") == before  # no temporary file left, the earlier checkpoints whole
 

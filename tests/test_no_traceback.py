@@ -2,6 +2,7 @@
 final model write. Each ends in one line (or quietly), and what was already written stays."""
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,18 +130,57 @@ def test_ctrl_c_is_one_line_and_the_log_is_kept(name, tmp_path):
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_a_full_disk_at_the_final_model_write_is_one_line(name, tmp_path):
     """The checkpoint test's file-size limit, here below the model's size (the event files of a smoke run stay far
-    below 200,000 bytes; the IMPALA network's weights do not): one line, no partial model, the logs kept."""
+    below 200,000 bytes; the IMPALA network's weights do not): one line, no partial model, the logs kept. The full
+    files, asked for a checkpoint after every iteration too, write none: each warning says that no checkpoint exists,
+    and the run ends with exit status 4, its last line saying that it cannot be resumed (the lean files: status 1)."""
+    full = name.endswith("_full")
     flags = [*smoke_args(name), "--device", "cpu", "--save-model", "--exp-name", "x"]
+    flags += ["--checkpoint-interval", "1"] if full else []
     proc = subprocess.run([*python(), str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, preexec_fn=file_size_limit(200_000))  # fmt: skip
     run_dir = only_run_dir(tmp_path)
     model = f"runs/{run_dir.name}/x.cleanrl_model"
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == (
-        f"{name}.py: error: {model} not written: File too large; the logs beside it are kept"
-    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == (4 if full else 1) and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    model_line = f"{name}.py: error: {model} not written: File too large; the logs beside it are kept"
+    assert lines[-2 if full else -1] == model_line
     assert not (tmp_path / model).exists()
     assert len(read_scalars(run_dir)["losses/policy_loss"]) == 2
+    if full:
+        last = f"runs/{run_dir.name}/checkpoints/iter_00000002.pt"
+        warnings = [line for line in lines if "warning:" in line]
+        assert warnings == [
+            f"{name}.py: warning: runs/{run_dir.name}/checkpoints/iter_0000000{i}.pt not written: File too large; "
+            "no checkpoint of this run exists yet"
+            for i in ((2,) if "ppg" in name else (1, 2))  # PPG's at the end of its one phase
+        ]
+        assert lines[-1] == (
+            f"{name}.py: error: the run ended without its last checkpoint, {last}; no checkpoint of this run exists "
+            "yet: the run cannot be resumed"
+        )
+        assert not list(run_dir.glob("checkpoints/*"))
+
+
+@pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
+def test_a_run_directory_removed_mid_run_stops_in_one_line(name, tmp_path):
+    """The run directory removed after the first iteration (a clean-up script, a mistaken `rm -rf`): the next write
+    stops the run with one line naming the directory, exit status 5, no traceback (TensorBoard's writer thread, which
+    meets the loss first, prints none), and nothing made again. (A checkpoint's write: the checkpoint test's.)"""
+    flags = [*smoke_args(name), "--device", "cpu", "--total-timesteps", str(128 * 6)]
+    flags += ["--n-iteration", "6"] if "ppg" in name else []
+    proc = subprocess.Popen([*python(), str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("iter 1/6"):
+            break
+    run_dir = only_run_dir(tmp_path)
+    shutil.rmtree(run_dir)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 5 and err.strip().splitlines() == [
+        f"{name}.py: error: runs/{run_dir.name} was removed while the run went on, and its logs and checkpoints with "
+        "it; stopped, nothing made again"
+    ], err[-3000:]
+    assert "iter 6/6" not in out and list((tmp_path / "runs").iterdir()) == []
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
