@@ -247,6 +247,13 @@ class Args:
     aux_optimizer: Literal["shared", "separate"] = "shared"
     """the auxiliary phase's Adam: `shared` with the policy phase (CleanRL's PPG, ours), or `separate`, one of its
     own, kept from phase to phase (OpenAI's PPG code)"""
+    # The Procgen paper's PPO runs (train-procgen, baselines' PPO2): DETAILS.md, "Defaults and the reference setups"
+    norm_reward_gamma: float | None = None
+    """the discount of the return whose running std scales the rewards; None: `gamma` (CleanRL's); 0.99: the Procgen
+    paper's runs (baselines' VecNormalize)"""
+    norm_adv_minibatch: bool = False
+    """normalise each minibatch's advantages again, by its own mean and std, as baselines' PPO2 did in the Procgen
+    paper's runs (after `norm_adv`'s normalisation over the batch, which then changes nothing)"""
     # Distributed (under torchrun)
     backend: str | None = None
     """the torch.distributed backend under torchrun: gloo on CPU, nccl on CUDA when None"""
@@ -905,6 +912,10 @@ def policy_step(agent, next_obs, noise=None):
 def update_minibatch(agent, optimizer, mb, epoch, args: Args):
     """Forward, the losses, backward, clipping and the optimizer's step on one minibatch; its statistics, on device"""
     mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, mb_weights = mb  # [29] weights or None
+    # ── per-minibatch advantages [15]: baselines' PPO2's normalisation (numpy's std: the population's) ──
+    if args.norm_adv_minibatch:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std(correction=0) + 1e-8)
+    # ── end per-minibatch advantages ──
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -1697,7 +1708,7 @@ def train(args: Args):
     env_seed = args.seed + 7919 * args.rank  # [30] every process plays its own levels
     envs = make_envs(args.local_num_envs, env_seed, args.num_levels, args.start_level, args)
     if args.norm_reward:  # [12] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
-        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
+        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.norm_reward_gamma or args.gamma)
         envs = gym.wrappers.vector.TransformReward(envs, lambda r: np.clip(r, -args.clip_reward, args.clip_reward))
     if args.eval_interval > 0:
         video_dir = make_dir(f"videos/{run_name}", "capture-video") if args.capture_video and args.rank == 0 else None
@@ -2079,6 +2090,7 @@ RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all fl
     ("resume", "eval_only", "init_model"): ("must be a path, or None", lambda v, a: v is None or v.strip() != ""),
     ("prio_alpha", "intrinsic_coef"): ("must be >= 0", lambda v, a: v >= 0),
     ("prio_beta0",): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
+    ("norm_reward_gamma",): ("must be in (0, 1], or None: --gamma", lambda v, a: v is None or 0 < v <= 1),
     ("rnd_update_proportion",): ("must be in (0, 1]", lambda v, a: 0 < v <= 1),
     ("pretraining",): ("needs an intrinsic reward: --intrinsic-coef > 0", lambda v, a: not v or a.intrinsic_coef > 0),
     ("backend",): ("must be gloo, nccl or None", lambda v, a: v in (None, "gloo", "nccl")),
@@ -2121,6 +2133,7 @@ WARNINGS = {  # legal, but almost always a mistake: one line says why, and the r
         "has no effect without --intrinsic-coef > 0",
         lambda v, a: v != Args.rnd_update_proportion and not a.intrinsic_coef,
     ),
+    ("norm_reward_gamma",): ("has no effect without --norm-reward", lambda v, a: v is not None and not a.norm_reward),
     ("eval_episodes",): ("has no effect without --eval-only", lambda v, a: v != Args.eval_episodes and not a.eval_only),
     ("eval_train_levels",): ("has no effect without --eval-only", lambda v, a: v and not a.eval_only),
     # ── end the warnings of the features' flags ──

@@ -104,6 +104,10 @@ MUTANTS = [
     (PPG, "loss = loss + v_loss * args.vf_coef", "loss = loss + v_loss * 0", "PPG: value loss weighted by zero"),
     *[(full, old, new, f"{full[:3].upper()} full: {what}") for full in (PPO_FULL, PPG_FULL) for old, new, what in [
         ("args.gae_lambda, ratio, *clips)", "args.gae_lambda)", "V-trace's recompute without the ratios (plain GAE)"),
+        ("gamma=args.norm_reward_gamma or args.gamma)", "gamma=args.gamma)", "--norm-reward-gamma ignored"),
+        ("mb_advantages.std(correction=0) + 1e-8)", "mb_advantages.std() + 1e-8)",
+         "--norm-adv-minibatch divides by the sample std, not numpy's (PPO2's)"),
+        ("    if args.norm_adv_minibatch:\n", "    if False:\n", "--norm-adv-minibatch ignored"),
         ("advantages.abs().sum(0).cpu().numpy()", "torch.ones_like(advantages).sum(0).cpu().numpy()",
          "prioritised sampling with uniform priorities"),
         ("args.clip_coef), mb_weights", "args.clip_coef), None", "importance weights dropped from the policy loss"),

@@ -255,3 +255,30 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
         assert (test_starts, half_starts) == {"plain": (0, 0), "folded": (128, 0), "pipelined": (128, 128)}[rollout]
     assert logged["plain"]["charts/episodic_return"] and logged["plain"]["charts/test_episodic_return"]
     assert all(logs == logged["plain"] for logs in logged.values())
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_procgen_paper_s_ppo_setup_normalises_as_it_did(name, tmp_path, monkeypatch):
+    """`--norm-reward-gamma` is the discount of reward normalisation's return (by default the training discount), and
+    `--norm-adv-minibatch` hands every minibatch's policy loss advantages of mean 0 and population std 1 (numpy's,
+    as baselines' PPO2 computed them), where the batch's normalisation alone leaves a minibatch's off."""
+    import gymnasium as gym
+
+    made = []
+
+    class Recording(gym.wrappers.vector.NormalizeReward):
+        def __init__(self, env, gamma=0.99, epsilon=1e-8):
+            made.append(gamma)
+            super().__init__(env, gamma=gamma, epsilon=epsilon)
+
+    monkeypatch.setattr(gym.wrappers.vector, "NormalizeReward", Recording)
+    moments = {}
+    for setup in ([], ["--norm-reward-gamma", "0.9", "--norm-adv-minibatch"]):
+        flags = [*setup, "--norm-reward", "--num-minibatches", "4"]  # the loop tests run without it
+        recorder, _ = train(name, monkeypatch, tmp_path / str(len(flags)), flags)
+        advantages = [inputs[1].double() for inputs, _ in recorder.of("clipped_policy_loss")]
+        moments[bool(setup)] = [(float(a.mean()), float(a.std(correction=0))) for a in advantages]
+    assert made == [0.999, 0.9]
+    for mean, std in moments[True]:
+        assert mean == pytest.approx(0, abs=1e-6) and std == pytest.approx(1, rel=1e-5)
+    assert max(abs(mean) for mean, _ in moments[False]) > 0.01  # without the flag: told apart
