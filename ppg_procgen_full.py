@@ -216,7 +216,8 @@ class Args:
     """the IMPALA CNN's stacks, by their channels (OpenAI's PPG code's `chans`): narrower or fewer stacks are faster and
     learn less (the tests' runs use `2`: one stack); the Procgen paper found larger models more sample-efficient"""
     vtrace: bool = False
-    """recompute the advantages by V-trace before every epoch after the first, from the current policy's ratios"""
+    """Metta's PPO loss: each epoch's value targets from GAE over the values as trained so far, each minibatch's policy
+    advantages by V-trace over its own env segments with its own ratios, and the values refreshed after it"""
     vtrace_rho_clip: float = 1.0
     """the clip of the importance ratio rho that weights the V-trace TD errors"""
     vtrace_c_clip: float = 1.0
@@ -224,13 +225,19 @@ class Args:
     prio_alpha: float = 0.0
     """prioritised minibatches of whole env segments, P ~ (sum of |advantage|)^alpha; 0 = off: each sample once"""
     prio_beta0: float = 0.6
-    """the exponent of the importance weights (N P)^-beta at the start, annealed linearly to 1 over the run"""
+    """the exponent of the importance weights (N P)^-beta at the start, annealed as Metta does: to beta0 + (1 - beta0)
+    alpha at the run's end (0.84 at the defaults and alpha 0.6)"""
     intrinsic_coef: float = 0.0
     """the weight of RND's intrinsic reward, added to the extrinsic reward before GAE; 0 = off"""
     pretraining: bool = False
     """reward-free pretraining: the extrinsic reward is dropped and the intrinsic reward alone drives learning"""
     rnd_update_proportion: float = 0.25
     """the share of each minibatch that trains the RND predictor"""
+    intrinsic_gamma: float = 0.99
+    """the discount of the intrinsic return whose running std scales RND's reward (RND's and CleanRL's: 0.99)"""
+    rnd_obs_norm_steps: int = 6400
+    """random-policy steps of each env that RND's observation statistics start from, before training (RND's and
+    CleanRL's code: 50 rollouts of 128 steps); 0: from the first rollout's"""
     init_model: str | None = None
     """start from the weights of a checkpoint or saved model (after --pretraining, say), with a fresh optimizer"""
     autocast: Literal["off", "bf16"] = "off"
@@ -609,6 +616,26 @@ class RND(nn.Module):
         return error / (self.return_var + 1e-8).sqrt()
 
 
+def warm_up_rnd(rnd, envs, next_obs, args: Args):
+    """RND's observation statistics from `rnd_obs_norm_steps` steps of every env under uniformly random actions,
+    before training, as RND's and CleanRL's code start them; the envs' next observation and done after them. The steps
+    count for nothing else: no global step, no logged episode (the reward normaliser [12] does see their rewards)."""
+    frames, next_done = [], torch.zeros(envs.num_envs, device=next_obs.device)
+    for step in range(1, args.rnd_obs_norm_steps + 1):
+        next_obs, _, terminations, truncations, _ = envs.step(
+            np.random.randint(envs.single_action_space.n, size=envs.num_envs)
+        )
+        next_obs = torch.as_tensor(next_obs, device=rnd.obs_mean.device)
+        frames.append(next_obs)
+        if len(frames) == args.num_steps or step == args.rnd_obs_norm_steps:  # a rollout's worth at a time
+            flat, frames = torch.cat(frames), []
+            for i in range(0, len(flat), args.local_minibatch_size):  # in chunks, as intrinsic_reward merges
+                batch = flat[i : i + args.local_minibatch_size].permute((0, 3, 1, 2)).float()
+                rnd.merge(rnd.obs_mean, rnd.obs_var, rnd.obs_count, batch)
+        next_done = torch.as_tensor(np.logical_or(terminations, truncations), device=rnd.obs_mean.device).float()
+    return next_obs, next_done
+
+
 # ── end RND ──
 
 
@@ -634,7 +661,7 @@ def agent_options(agent, envs, test_envs, args: Args):
     and values before the ratio; the heads are one small layer each); and [35] the folded or pipelined rollout's
     envs."""
     if args.intrinsic_coef > 0:
-        agent.rnd = RND(args.local_num_envs, args.gamma, args.world_size)
+        agent.rnd = RND(args.local_num_envs, args.intrinsic_gamma, args.world_size)
     if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
         load_weights(agent, args.init_model, "init-model")
     for name, module in agent.named_children():
@@ -863,23 +890,22 @@ def aux_minibatch(agent, optimizer, mb, step, args: Args):
 
 # ── prioritised sampling [29] of env segments (Metta's PPO loss; Schaul et al., 2016) ──
 def prioritized_segments(priorities, num_minibatches, alpha, beta):
-    """Segment indices (num_minibatches, segments per minibatch) and their importance weights.
-
-    Independent draws with P(i) = p_i^alpha / sum_j p_j^alpha (alpha > 0; alpha = 0 is `minibatch_indices`' plain
-    shuffle, chosen in `minibatches`), weighted by (N P(i))^-beta. The weights are not divided by their
-    maximum (Metta's choice, not Schaul et al.'s): at beta = 1 they average to 1 under P, so the weighted
-    loss estimates the uniform loss at its own scale, and the step size does not shrink with the rarest segment.
-    """
-    n = len(priorities)
-    scaled = (np.asarray(priorities, dtype=np.float64) + 1e-8) ** alpha
-    probs = scaled / scaled.sum()
-    draws = np.random.choice(n, size=(num_minibatches, n // num_minibatches), p=probs)
+    """Segment indices (num_minibatches, segments per minibatch) and their importance weights, as Metta's PPO loss
+    draws them: P(i) = (p_i^alpha + 1e-6) / (sum_j p_j^alpha + 1e-6) (uniform at alpha = 0), each minibatch drawn
+    without replacement and independently of the others (a segment may come again in the epoch's next minibatch),
+    weighted by (N P(i))^-beta. The weights are not divided by their maximum (Metta's choice, not Schaul et al.'s):
+    at beta = 1 they average to 1 under P, keeping the loss's scale."""
+    n, size = len(priorities), len(priorities) // num_minibatches
+    scaled = np.nan_to_num(np.asarray(priorities, dtype=np.float64) ** alpha, nan=0, posinf=0, neginf=0)
+    probs = (scaled + 1e-6) / (scaled.sum() + 1e-6)
+    draws = np.stack([np.random.choice(n, size, replace=False, p=probs / probs.sum()) for _ in range(num_minibatches)])
     return draws, (n * probs[draws]) ** -beta
 
 
 def minibatches(advantages, args: Args, beta):
-    """[8] Shuffled samples, weight None; or [29] whole env segments (columns of the rollout) by priority."""
-    if args.prio_alpha == 0:
+    """[8] Shuffled samples, weight None; or whole env segments (columns of the rollout): [29] by priority, with their
+    weights, or [28] for V-trace uniformly, weight None."""
+    if args.prio_alpha == 0 and not args.vtrace:
         mbs = minibatch_indices(args.local_batch_size, args.local_minibatch_size, advantages.device)
         return [(mb_inds, None) for mb_inds in mbs]
     envs, weights = prioritized_segments(
@@ -888,7 +914,18 @@ def minibatches(advantages, args: Args, beta):
     steps = torch.arange(args.num_steps, device=advantages.device)[:, None] * args.local_num_envs  # t * num_envs
     envs = torch.as_tensor(envs, device=advantages.device)  # + the env: the samples of a segment, on the device
     weights = torch.as_tensor(weights, dtype=torch.float32, device=advantages.device)
+    if args.prio_alpha == 0:  # [28] V-trace's segments, each weighed alike
+        return [((steps + e).reshape(-1), None) for e in envs]
     return [((steps + e).reshape(-1), w.repeat(args.num_steps)) for e, w in zip(envs, weights, strict=True)]
+
+
+def vtrace_part(vtrace, mb_inds, rho_clipped):
+    """[28] What a minibatch of whole segments needs for V-trace: its rewards and dones, its segments' bootstrap values
+    and dones (the segments are the first step's samples), the values to refresh, its samples, and the clip counter."""
+    rewards, dones, next_value, next_done, b_values = vtrace
+    segments = mb_inds[: len(mb_inds) * len(next_value) // len(rewards)]  # the samples of the first step
+    mb_next = (next_value[segments], next_done[segments])
+    return take(rewards, mb_inds), take(dones, mb_inds), *mb_next, b_values, mb_inds, rho_clipped
 
 
 def weighted_mean(x, weights=None):
@@ -911,7 +948,7 @@ def policy_step(agent, next_obs, noise=None):
 
 def update_minibatch(agent, optimizer, mb, epoch, args: Args):
     """Forward, the losses, backward, clipping and the optimizer's step on one minibatch; its statistics, on device"""
-    mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, mb_weights = mb  # [29] weights or None
+    mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, mb_weights, mb_vtrace = mb  # [29], [28]
     # ── per-minibatch advantages [15]: baselines' PPO2's normalisation (numpy's std: the population's) ──
     if args.norm_adv_minibatch:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std(correction=0) + 1e-8)
@@ -923,8 +960,25 @@ def update_minibatch(agent, optimizer, mb, epoch, args: Args):
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-    pg_loss = weighted_mean(clipped_policy_loss(logratio, mb_advantages, args.clip_coef), mb_weights)  # [29]
-    v_loss = weighted_mean(clipped_value_loss(newvalue[:, 0], mb_values, mb_returns, args.clip_range_vf), mb_weights)
+    # ── V-trace [28], Metta's PPO loss ──: the value targets are the epoch's GAE advantages plus the values as they
+    # are now; the policy's advantages are V-trace's over the minibatch's env segments, with its own ratios
+    if mb_vtrace is not None:
+        mb_rewards, mb_dones, mb_next_value, mb_next_done, b_values, mb_inds, rho_clipped = mb_vtrace
+        mb_returns = mb_advantages + mb_values
+        with torch.no_grad():
+            r, v, d, rho = (x.view(args.num_steps, -1) for x in (mb_rewards, mb_values, mb_dones, ratio))  # a column
+            clips = (args.vtrace_rho_clip, args.vtrace_c_clip)  # a segment, as in the rollout
+            gae = compute_gae(r, v, d, mb_next_value, mb_next_done, args.gamma, args.gae_lambda, rho, *clips)
+            mb_advantages = gae[0].view(-1)
+            if args.norm_adv:  # [15] Metta normalises each minibatch's V-trace advantages
+                mb_mean, mb_std = global_mean_std(mb_advantages, args.world_size)
+                mb_advantages = (mb_advantages - mb_mean) / (mb_std + 1e-8)
+            rho_clipped.add_((ratio > args.vtrace_rho_clip).float().mean())
+            b_values.index_copy_(0, mb_inds, newvalue[:, 0].detach())  # Metta: the buffer's values refreshed
+    # ── end V-trace ──
+    # [29] The importance weights reach the policy loss alone, as in Metta's (its value loss is a plain mean).
+    pg_loss = weighted_mean(clipped_policy_loss(logratio, mb_advantages, args.clip_coef), mb_weights)
+    v_loss = clipped_value_loss(newvalue[:, 0], mb_values, mb_returns, args.clip_range_vf).mean()
     entropy_loss = entropy.mean()  # [16] entropy bonus, keeps exploring
     # [24] E_pi policy and E_V value epochs share their minibatch passes; past E_pi (or E_V) that loss is left out: what
     # only it reaches gets no gradient (None) and Adam skips it (zero gradients, and Adam's momentum would move it)
@@ -1766,6 +1820,10 @@ def train(args: Args):
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
     stop = GracefulStop()
     # ── end checkpoints ──
+    # ── RND [33]: its observation statistics start from a random policy's steps (a resumed run has its own) ──
+    if args.intrinsic_coef > 0 and not ckpt:
+        next_obs, next_done = warm_up_rnd(agent.rnd, envs, next_obs, args)
+    # ── end RND ──
     # ── torch.compile [36]: the loop's stages, each compiled whole (or as they are) ──
     policy_step, compute_gae, update_minibatch, aux_minibatch = compiled_stages(optimizers, device, args)
     # ── end torch.compile ──
@@ -1927,31 +1985,23 @@ def train(args: Args):
 
         # Optimizing the policy and value network
         clipfracs, batch = [], (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
-        rho_clipfracs, mb_weight_means = [], []  # [28], [29]
-        beta = args.prio_beta0 + (1 - args.prio_beta0) * (iteration - 1) / max(1, args.num_iterations - 1)  # [29]
+        rho_clipped, mb_weight_means, vtrace = torch.zeros((), device=device), [], None  # [28], [29]
+        beta = args.prio_beta0 + (1 - args.prio_beta0) * args.prio_alpha * (iteration - 1) / args.num_iterations  # [29]
         for epoch in range(max(args.e_policy, args.v_value)):
-            # ── V-trace [28] ──: from the second epoch on, the current policy's ratios reweight the TD errors (once per
-            # epoch, by one pass over the batch; in the first epoch the ratio is 1, and this is GAE)
-            if args.vtrace and epoch > 0:
+            # ── V-trace [28], Metta's PPO loss ──: each epoch starts from GAE (ratio 1) over the batch, from the values
+            # as the minibatches before left them (and the current network's bootstrap value): its advantages rank the
+            # segments [29], and with the values they are each minibatch's value targets (update_minibatch)
+            if args.vtrace:
                 with torch.no_grad():
-                    mbs = args.local_minibatch_size  # the pass goes in minibatch-sized chunks, like the update
-                    newlogprob = torch.cat(
-                        [agent.get_action_and_value(b_obs[i : i + mbs], b_actions[i : i + mbs])[1]
-                         for i in range(0, args.local_batch_size, mbs)]
-                    )  # fmt: skip
-                    ratio = (newlogprob - b_logprobs).exp().view(args.num_steps, args.local_num_envs)
-                    clips = (args.vtrace_rho_clip, args.vtrace_c_clip)
-                    advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma,
-                                                      args.gae_lambda, ratio, *clips)  # fmt: skip
-                    rho_clipfracs.append((ratio > args.vtrace_rho_clip).float().mean())
-                b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-                if args.norm_adv:  # [15] normalised again, as they were before the first epoch
-                    b_mean, b_std = global_mean_std(b_advantages, args.world_size)
-                    b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
-                batch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
+                    next_value = next_value if epoch == 0 else agent.get_value(next_obs).reshape(1, -1)
+                    advantages = compute_gae(rewards, b_values.view(args.num_steps, -1), dones, next_value, next_done,
+                                             args.gamma, args.gae_lambda)[0]  # fmt: skip
+                batch = (b_obs, b_actions, b_logprobs, advantages.reshape(-1), b_returns, b_values)
+                vtrace = (rewards.reshape(-1), dones.reshape(-1), next_value[0], next_done, b_values)
             # ── end V-trace ──
             for mb_inds, mb_weights in minibatches(advantages, args, beta):  # [29]
-                mb = [*(take(x, mb_inds) for x in batch), mb_weights]  # [8]
+                mb_vtrace = vtrace and vtrace_part(vtrace, mb_inds, rho_clipped)  # [28] None without V-trace
+                mb = [*(take(x, mb_inds) for x in batch), mb_weights, mb_vtrace]  # [8]
                 mb_stats = update_minibatch(agent, optimizer, mb, epoch, args)
                 clipfracs.append(mb_stats[5])  # kept on the device, read once when logged: no sync per minibatch
                 if mb_weights is not None:  # [29]
@@ -1972,8 +2022,8 @@ def train(args: Args):
         names = "value_loss policy_loss entropy old_approx_kl approx_kl clipfrac".split()  # as update_minibatch's
         stats = {f"losses/{name}": value for name, value in zip(names, mb_stats.tolist(), strict=True)}
         stats |= {"losses/explained_variance": explained_var, "charts/learning_rate": optimizer.param_groups[0]["lr"]}
-        if args.vtrace:  # [28] the share of importance ratios above the clip, over the recomputing epochs
-            stats["losses/vtrace_rho_clipfrac"] = torch.stack(rho_clipfracs).mean().item() if rho_clipfracs else 0.0
+        if args.vtrace:  # [28] the share of importance ratios above the clip, over the minibatches
+            stats["losses/vtrace_rho_clipfrac"] = (rho_clipped / len(clipfracs)).item()
         if args.intrinsic_coef > 0:  # [33] the mean normalised intrinsic reward, and the predictor's loss
             stats["charts/intrinsic_reward"], stats["losses/rnd_loss"] = (
                 intrinsic.mean().item(),
@@ -2092,6 +2142,8 @@ RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all fl
     ("prio_beta0",): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
     ("norm_reward_gamma",): ("must be in (0, 1], or None: --gamma", lambda v, a: v is None or 0 < v <= 1),
     ("rnd_update_proportion",): ("must be in (0, 1]", lambda v, a: 0 < v <= 1),
+    ("intrinsic_gamma",): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
+    ("rnd_obs_norm_steps",): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
     ("pretraining",): ("needs an intrinsic reward: --intrinsic-coef > 0", lambda v, a: not v or a.intrinsic_coef > 0),
     ("backend",): ("must be gloo, nccl or None", lambda v, a: v in (None, "gloo", "nccl")),
     # ── end the rules of the features' flags ──
@@ -2129,6 +2181,10 @@ WARNINGS = {  # legal, but almost always a mistake: one line says why, and the r
     ("vtrace_rho_clip",): ("has no effect without --vtrace", lambda v, a: v != Args.vtrace_rho_clip and not a.vtrace),
     ("vtrace_c_clip",): ("has no effect without --vtrace", lambda v, a: v != Args.vtrace_c_clip and not a.vtrace),
     ("prio_beta0",): ("has no effect without --prio-alpha > 0", lambda v, a: v != Args.prio_beta0 and not a.prio_alpha),
+    ("intrinsic_gamma",): (
+        "has no effect without --intrinsic-coef > 0",
+        lambda v, a: v != Args.intrinsic_gamma and not a.intrinsic_coef,
+    ),
     ("rnd_update_proportion",): (
         "has no effect without --intrinsic-coef > 0",
         lambda v, a: v != Args.rnd_update_proportion and not a.intrinsic_coef,
@@ -2209,6 +2265,9 @@ def check_args(args: Args) -> None:
     if args.prio_alpha > 0 and args.local_num_envs % args.num_minibatches:
         arg_error("prio-alpha", "samples whole env segments: each process's envs must be a multiple of "
                   "--num-minibatches", args.prio_alpha)  # fmt: skip
+    if args.vtrace and args.local_num_envs % args.num_minibatches:  # [28] as Metta's, minibatches of whole segments
+        arg_error("vtrace", "takes minibatches of whole env segments: each process's envs must be a multiple of "
+                  "--num-minibatches", True)  # fmt: skip
     # ── end torchrun ──
     # memory in bytes: the rollout (a uint8 frame, 6 numbers a step), the phase buffer [23] (a frame, a return a step),
     # the activations of a policy or an auxiliary minibatch (1.5 MiB a sample a network), games (0.3 MiB each)

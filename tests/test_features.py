@@ -52,38 +52,77 @@ def normalised(x):
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_vtrace_recomputes_the_advantages_from_the_current_policy_s_ratios(name, tmp_path, monkeypatch):
-    """The second epoch's advantages are V-trace's over the rollout, with the ratios of the policy that the first
-    epoch left, some of them on each side of each clip."""
+def test_vtrace_is_metta_s_per_minibatch_over_segments_with_refreshed_values(name, tmp_path, monkeypatch):
+    """As Metta's PPO loss: each epoch starts from GAE over the batch with the values as the earlier minibatches left
+    them (the first epoch: the rollout's); a minibatch is whole env segments; its policy advantages are V-trace's over
+    its segments with its own ratios (at the first minibatch the ratio is 1, and they are GAE on those segments),
+    normalised over the minibatch; its value targets are the epoch's GAE advantages plus the values as they are now."""
     flags = [*epochs(name, 2), "--vtrace", "--vtrace-rho-clip", "1.02", "--vtrace-c-clip", "0.99",
              "--learning-rate", "0.01", "--total-timesteps", str(NUM_ENVS * NUM_STEPS),
              *(["--n-iteration", "1"] if is_ppg(name) else [])]  # fmt: skip
     recorder, _ = train(name, monkeypatch, tmp_path, flags)
-    (gae_in, _), (vtrace_in, vtrace_out) = recorder.of("compute_gae")  # before the first epoch, before the second
-    assert len(gae_in) == 7 and len(vtrace_in) == 10, "the second epoch's recompute was not given the ratios"
-    rewards, values, dones, next_value, next_done, gamma, lam, ratio, rho_clip, c_clip = vtrace_in
-    assert (rho_clip, c_clip) == (1.02, 0.99)
-    # the ratios are the current policy's: the second epoch's first minibatch, on the same weights, has the same
-    logratios = recorder.of("clipped_policy_loss")
-    updates = [x for kind, x, _ in recorder.calls if kind == "update"]
-    first_of_second_epoch = len(logratios) // 2
-    seen = by_sample(updates[-len(logratios) // 2], logratios[first_of_second_epoch][0][0].exp())
+    calls = recorder.of("compute_gae")
+    whole, per_mb = [c for c in calls if len(c[0]) == 7], [c for c in calls if len(c[0]) == 10]
+    updates = [(x, out) for kind, x, out in recorder.calls if kind == "update"]
+    policy_in = [inputs for inputs, _ in recorder.of("clipped_policy_loss")]
+    value_in = [inputs for inputs, _ in recorder.of("clipped_value_loss")]
+    assert len(whole) == 3 and len(per_mb) == len(updates) == len(policy_in) == 4  # the rollout's, 2 epochs of 2
     steps = training_steps(recorder, 0)
-    for (i, c), r in seen.items():
-        t = int((steps[:, i] == c).nonzero())
-        assert r == pytest.approx(float(ratio[t, i]), rel=1e-4)
-    for clip in (rho_clip, c_clip):
-        assert (ratio > clip).any() and (ratio < clip).any()
-    advantages = hand_gae(rewards, values, dones, next_value, next_done, gamma, lam, ratio, rho_clip, c_clip)[0]
-    torch.testing.assert_close(vtrace_out[0].double(), torch.as_tensor(advantages), rtol=1e-4, atol=1e-4)
-    gae = hand_gae(rewards, values, dones, next_value, next_done, gamma, lam)[0]
-    assert np.abs(advantages - gae).max() > 100 * 1e-4  # far from GAE, in the units of the tolerance above
-    # and the second epoch's policy loss takes them, normalised over the batch
-    want = normalised(torch.as_tensor(advantages))
-    for x, (inputs, _) in zip(updates[-len(logratios) // 2 :], logratios[first_of_second_epoch:], strict=True):
-        for (i, c), a in by_sample(x, inputs[1]).items():
-            t = int((steps[:, i] == c).nonzero())
-            assert a == pytest.approx(float(want[t, i]), rel=1e-3, abs=1e-4)
+
+    def at(grid_of, x):
+        """A (num_steps, num_envs) tensor's values at the samples of minibatch x, in the minibatch's order."""
+        _, env_ids, sample_steps = ids(x)
+        where = [(int((steps[:, e] == c).nonzero()), e) for e, c in zip(env_ids, sample_steps, strict=True)]
+        return torch.stack([grid_of[t, e] for t, e in where])
+
+    rollout_values = whole[0][0][1]
+    torch.testing.assert_close(whole[1][0][1], rollout_values)  # the first epoch starts from the rollout's values
+    refreshed = rollout_values.clone()  # the second, from those the first epoch's minibatches computed, where they went
+    for x, out in updates[:2]:
+        for (e, c), v in by_sample(x, out[3].flatten()).items():
+            refreshed[int((steps[:, e] == c).nonzero()), e] = v
+    torch.testing.assert_close(whole[2][0][1], refreshed)
+    assert not torch.equal(refreshed, rollout_values)
+    # and its bootstrap value is the current network's, valued just before it
+    before = recorder.calls[: [k for k, c in enumerate(recorder.calls) if c[0] == "compute_gae" and len(c[1]) == 7][2]]
+    torch.testing.assert_close(whole[2][0][3].flatten(), [c for c in before if c[0] == "value"][-1][2].flatten())
+    assert not torch.equal(whole[2][0][3], whole[1][0][3])
+    ratios = []
+    minibatches = zip(updates, per_mb, policy_in, value_in, strict=True)
+    for k, ((x, _), (inputs, output), policy, value) in enumerate(minibatches):
+        segments = ids(x)[1].view(NUM_STEPS, -1)
+        assert (segments == segments[0]).all() and len(set(segments[0].tolist())) == segments.shape[1]  # whole ones
+        epoch_gae = whole[1 + k // 2][1][0]
+        torch.testing.assert_close(value[2], at(epoch_gae, x) + value[1])  # targets: the epoch's GAE + the values now
+        rewards, values, dones, next_value, next_done, gamma, lam, ratio, rho_clip, c_clip = inputs
+        assert (rho_clip, c_clip) == (1.02, 0.99)
+        torch.testing.assert_close(values.flatten(), value[1])  # over the values as they are now
+        torch.testing.assert_close(ratio.flatten(), policy[0].exp())  # the minibatch's own ratios
+        hand = hand_gae(rewards, values, dones, next_value, next_done, gamma, lam, ratio, rho_clip, c_clip)[0]
+        torch.testing.assert_close(output[0].double(), torch.as_tensor(hand), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(policy[1], normalised(output[0].flatten()))  # the policy loss takes them
+        ratios.append(ratio)
+    later = torch.cat([r.flatten() for r in ratios[2:]])
+    for clip in (1.02, 0.99):  # the clips matter: ratios on both sides of each
+        assert (later > clip).any() and (later < clip).any()
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_vtrace_at_ratio_one_is_gae_on_the_minibatch_s_segments(name, tmp_path, monkeypatch):
+    """The first minibatch, before any optimizer step, has ratios of 1: with the clips at 1, its V-trace advantages
+    are the epoch's GAE advantages on its segments (each segment bootstrapped from its own next value)."""
+    flags = [
+        "--vtrace",
+        "--total-timesteps",
+        str(NUM_ENVS * NUM_STEPS),
+        *(["--n-iteration", "1"] if is_ppg(name) else []),
+    ]
+    recorder, _ = train(name, monkeypatch, tmp_path, flags)
+    calls = recorder.of("compute_gae")
+    epoch_gae, first_mb = [c for c in calls if len(c[0]) == 7][1], [c for c in calls if len(c[0]) == 10][0]
+    first = ids(next(x for kind, x, _ in recorder.calls if kind == "update"))[1].view(NUM_STEPS, -1)[0]
+    torch.testing.assert_close(first_mb[0][7], torch.ones_like(first_mb[0][7]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(first_mb[1][0], epoch_gae[1][0][:, first], rtol=1e-4, atol=1e-5)
 
 
 def spy(monkeypatch, script, name, record):
@@ -99,9 +138,10 @@ def spy(monkeypatch, script, name, record):
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_prioritised_segments_follow_the_advantages_and_weight_the_losses(name, tmp_path, monkeypatch):
-    """Priorities are each env's sum of |advantage|; a minibatch is the whole segments drawn; P and the importance
-    weights (N P)^-beta go with those priorities; the logged losses are the weighted means sum(w x) / n."""
+def test_prioritised_segments_follow_the_advantages_and_weight_the_policy_loss(name, tmp_path, monkeypatch):
+    """As Metta's PPO loss: priorities are each env's sum of |advantage|; a minibatch is whole segments drawn without
+    replacement, P = (p^alpha + 1e-6) / (sum p^alpha + 1e-6), weighted (N P)^-beta; the logged policy loss is the
+    weighted mean sum(w x) / n, the value loss a plain mean; beta goes as beta0 + (1 - beta0) alpha epoch / epochs."""
     drawn = []
     patch = lambda script: spy(monkeypatch, script, "prioritized_segments", drawn)  # noqa: E731
     flags = ["--prio-alpha", "0.8", "--prio-beta0", "0.3", "--num-minibatches", "2"]
@@ -110,22 +150,28 @@ def test_prioritised_segments_follow_the_advantages_and_weight_the_losses(name, 
     assert len(drawn) * 2 == len(updates)  # a draw an epoch, of two minibatches
     for k, ((priorities, num_minibatches, alpha, beta), (segments, weights)) in enumerate(drawn):
         iteration = k // (len(drawn) // 2)
+        assert beta == pytest.approx(0.3 + 0.7 * 0.8 * iteration / 2)  # 2 iterations: 0.58 at the last
         np.testing.assert_allclose(priorities, gaes[iteration][1][0].abs().sum(0).numpy(), rtol=1e-6)
         assert np.ptp(priorities) > 0.1 * priorities.mean()  # unequal priorities: uniform ones would be told apart
-        probs = (priorities + 1e-8) ** alpha / ((priorities + 1e-8) ** alpha).sum()
+        probs = (priorities**alpha + 1e-6) / ((priorities**alpha).sum() + 1e-6)
         np.testing.assert_allclose(weights, (len(priorities) * probs[segments]) ** -beta, rtol=1e-6)
-        for m in range(num_minibatches):  # each minibatch is its drawn segments, every step of them
+        for m in range(num_minibatches):  # each minibatch is its drawn segments, each once, every step of them
+            assert len(set(segments[m].tolist())) == len(segments[m])
             x = updates[k * num_minibatches + m]
             assert sorted(ids(x)[1].tolist()) == sorted(np.repeat(segments[m], NUM_STEPS).tolist())
-    # the last minibatch's logged losses: the means of its per-sample losses, each weighted by its segment's weight
+    assert scalars["charts/prio_beta"][-1][1] == pytest.approx(0.58)
+    # the last minibatch's logged losses: the policy's weighted by its segments' weights, the value's a plain mean
     segments, weights = drawn[-1][1]
     weight_of = dict(zip(segments[-1].tolist(), weights[-1].tolist(), strict=True))
     w = torch.tensor([weight_of[int(i)] for i in ids(updates[-1])[1]])
-    for tag, loss in (("losses/policy_loss", "clipped_policy_loss"), ("losses/value_loss", "clipped_value_loss")):
-        per_sample = recorder.of(loss)[-1][1].detach()
-        logged = scalars[tag][-1][1]
-        assert logged == pytest.approx(float((w * per_sample).mean()), rel=1e-5, abs=1e-7), tag
-        assert abs(float(per_sample.mean()) - logged) > 1e-3 * abs(logged), tag  # the weights made a difference
+    policy_loss, value_loss = (
+        recorder.of(loss)[-1][1].detach() for loss in ("clipped_policy_loss", "clipped_value_loss")
+    )
+    logged = {tag: scalars[f"losses/{tag}"][-1][1] for tag in ("policy_loss", "value_loss")}
+    assert logged["policy_loss"] == pytest.approx(float((w * policy_loss).mean()), rel=1e-5, abs=1e-7)
+    assert abs(float(policy_loss.mean()) - logged["policy_loss"]) > 1e-3 * abs(logged["policy_loss"])  # weights matter
+    assert logged["value_loss"] == pytest.approx(float(value_loss.mean()), rel=1e-5, abs=1e-7)
+    assert abs(float((w * value_loss).mean()) - logged["value_loss"]) > 1e-3 * abs(logged["value_loss"])
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -144,7 +190,8 @@ def test_rnd_s_predictor_learns_inside_train(name, tmp_path, monkeypatch):
 
         monkeypatch.setattr(script.RND, "intrinsic_reward", keep_the_first)
 
-    flags = ["--intrinsic-coef", "0.5", "--total-timesteps", str(8 * NUM_ENVS * NUM_STEPS), "--learning-rate", "1e-3"]
+    flags = ["--intrinsic-coef", "0.5", "--rnd-obs-norm-steps", "8", "--total-timesteps", str(8 * NUM_ENVS * NUM_STEPS)]
+    flags += ["--learning-rate", "1e-3"]
     recorder, _ = train(name, monkeypatch, tmp_path, flags, patch=patch)
     rnd, obs = recorder.agents[0].rnd, training_obs(recorder)[-NUM_STEPS:].flatten(0, 1)
     with torch.no_grad():
@@ -167,7 +214,7 @@ def test_pretraining_drops_a_game_reward_that_is_there(name, tmp_path, monkeypat
 
     for pretraining in (True, False):
         intrinsic.clear()
-        flags = ["--intrinsic-coef", "0.5", *(["--pretraining"] if pretraining else [])]
+        flags = ["--intrinsic-coef", "0.5", "--rnd-obs-norm-steps", "0", *(["--pretraining"] if pretraining else [])]
         recorder, _ = train(name, monkeypatch, tmp_path / str(pretraining), flags, patch=patch)
         rewards = recorder.of("compute_gae")[0][0][0]
         game = grid(training_steps(recorder, 0), {(i, c): c + 100 * i for i in range(NUM_ENVS)
@@ -282,3 +329,17 @@ def test_the_procgen_paper_s_ppo_setup_normalises_as_it_did(name, tmp_path, monk
     for mean, std in moments[True]:
         assert mean == pytest.approx(0, abs=1e-6) and std == pytest.approx(1, rel=1e-5)
     assert max(abs(mean) for mean, _ in moments[False]) > 0.01  # without the flag: told apart
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_rnd_s_discount_and_observation_warm_up_are_rnd_s(name, tmp_path, monkeypatch):
+    """The intrinsic return's discount is `--intrinsic-gamma` (RND's 0.99 by default, not `--gamma`), and RND's
+    observation statistics start from `--rnd-obs-norm-steps` random-policy steps of every env before the first
+    rollout, which then begins where those steps left the games."""
+    for warm_up, gamma in ((3, []), (0, ["--intrinsic-gamma", "0.5"])):
+        flags = ["--intrinsic-coef", "0.5", "--rnd-obs-norm-steps", str(warm_up), *gamma]
+        recorder, _ = train(name, monkeypatch, tmp_path / str(warm_up), flags)
+        rnd = recorder.agents[-1].rnd
+        assert rnd.gamma == (0.5 if gamma else 0.99)
+        assert int(rnd.obs_count) == (warm_up + 2 * NUM_STEPS) * NUM_ENVS  # and two rollouts' observations
+        assert (training_steps(recorder, 0)[0] == warm_up).all()

@@ -398,3 +398,14 @@ def test_the_cloning_weight_acts(name, monkeypatch):
     stats, weighted, _, _ = stub_phase(name, 1.0, monkeypatch)
     assert not unweighted.w.any()  # nothing but the KL reaches the policy's w
     assert weighted.w.abs().sum() > 0.1 and stats["kl_loss"] > 0  # the KL pulls the policy back toward the old one
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_evaluation_flags_change_no_training_number(name, tmp_path, monkeypatch):
+    """The test envs draw their actions from a generator of their own, seeded anew at each evaluation: a run that
+    evaluates every iteration, one that never does and one that evaluates more envs less often log the same losses."""
+    logged = []
+    for k, flags in enumerate(([], ["--eval-interval", "0"], ["--eval-interval", "2", "--num-eval-envs", "3"])):
+        _, scalars = train(name, monkeypatch, tmp_path / str(k), flags)
+        logged.append({tag: values for tag, values in scalars.items() if tag.startswith("losses/")})
+    assert logged[0] and logged[0] == logged[1] == logged[2]

@@ -55,6 +55,7 @@ def test_intrinsic_reward_enters_before_gae_in_pretraining(tmp_path, monkeypatch
     monkeypatch.setattr(script, "compute_gae", record_gae)
     monkeypatch.setattr(script.RND, "intrinsic_reward", record_intrinsic)
     flags = [*smoke_args(name), "--device", device, "--eval-interval", "0", "--pretraining", "--intrinsic-coef", "0.5"]
+    flags += ["--rnd-obs-norm-steps", "8"]
     script.train(tyro.cli(script.Args, args=flags))
     intrinsic, first = seen[0]["intrinsic"], seen[1]
     # GAE's rewards are exactly the intrinsic ones (times the coefficient): added before GAE, extrinsic dropped
@@ -74,7 +75,10 @@ def test_init_model_loads_a_pretrained_model(tmp_path, monkeypatch, capsys, name
     monkeypatch.chdir(tmp_path)
     base = [*smoke_args(name), "--device", "cpu", "--eval-interval", "0", "--save-model"]
     run = script.train(
-        tyro.cli(script.Args, args=[*base, "--pretraining", "--intrinsic-coef", "1", "--exp-name", "pre"])
+        tyro.cli(
+            script.Args,
+            args=[*base, "--pretraining", "--intrinsic-coef", "1", "--rnd-obs-norm-steps", "8", "--exp-name", "pre"],
+        )
     )
     pretrained_path = tmp_path / "runs" / run / "pre.cleanrl_model"  # named after --exp-name
     pretrained = torch.load(pretrained_path)
@@ -98,6 +102,7 @@ def test_a_resume_gives_each_process_its_own_running_intrinsic_returns(tmp_path,
     script = load_script("ppo_procgen_full")
     monkeypatch.chdir(tmp_path)
     flags = [*smoke_args("ppo_procgen_full"), "--device", "cpu", "--eval-interval", "0", "--intrinsic-coef", "0.5"]
+    flags += ["--rnd-obs-norm-steps", "8"]
     run = script.train(tyro.cli(script.Args, args=[*flags, "--total-timesteps", "128", "--checkpoint-interval", "1"]))
     path = tmp_path / "runs" / run / "checkpoints" / "iter_00000001.pt"
     ckpt = torch.load(path, weights_only=False)

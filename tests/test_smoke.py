@@ -22,7 +22,7 @@ AUX = dict.fromkeys(AUX_TAGS, [256])  # PPG's one auxiliary phase, closing itera
 PRIO = {"losses/prio_mean_weight": PER_ITERATION, "charts/prio_beta": PER_ITERATION}
 VTRACE = {"losses/vtrace_rho_clipfrac": PER_ITERATION}
 RND = {"losses/rnd_loss": PER_ITERATION, "charts/intrinsic_reward": PER_ITERATION}
-PRETRAINING = ["--pretraining", "--intrinsic-coef", "1"]
+PRETRAINING = ["--pretraining", "--intrinsic-coef", "1", "--rnd-obs-norm-steps", "8"]
 
 SMOKE = pytest.mark.smoke  # the smoke tier, `python -m pytest -m smoke`: every script at its defaults
 
