@@ -399,11 +399,11 @@ class RolloutPolicy:
     the test envs folded in: one forward pass over the training and the test envs' observations, whose test actions
     start those envs' step at once, beside the training envs' (`step_test_envs` waits for it). Pipelined, the first half
     of the training envs starts its step while the second half's actions (and the test envs') are computed. Folded or
-    pipelined, the noise of the whole rollout is drawn ahead, the training envs' and then the test envs', in the order
-    in which the plain rollout and the test envs' loop draw it: where the forward pass gives an observation the same
-    output in any batch (a CPU), the run logs the same numbers as with `--rollout plain`."""
+    pipelined, the noise of the whole rollout is drawn ahead, the training envs' and then the test envs' (from the test
+    loop's own generator), in the order in which the plain rollout and the test envs' loop draw it: where the forward
+    pass gives an observation the same output in any batch (a CPU), the run logs what `--rollout plain` logs."""
 
-    def __init__(self, agent, policy_step, envs, test_envs, test_obs, args: Args, to_device):
+    def __init__(self, agent, policy_step, envs, test_envs, test_obs, args: Args, to_device, iteration):
         self.agent, self.policy_step, self.envs = agent, policy_step, envs  # [36] the stage, compiled or not
         self.test_envs, self.test_obs = test_envs, test_obs
         self.to_device, self.t, self.test_episodes, self.noise = to_device, 0, [], None
@@ -411,8 +411,10 @@ class RolloutPolicy:
         actions, device = envs.single_action_space.n, next(agent.parameters()).device
         if args.rollout != "plain":
             self.noise = torch.empty((args.num_steps, envs.num_envs, actions), device=device).exponential_()
-        if test_envs is not None:  # the test envs' noise after the training envs', in each step's row
-            test_noise = torch.empty((args.num_steps, test_envs.num_envs, actions), device=device).exponential_()
+        if test_envs is not None:  # the test envs' noise after the training envs', in each step's row, from the
+            with torch.random.fork_rng([device] if device.type == "cuda" else []):  # plain loop's own generator
+                torch.manual_seed(args.seed + 1_000_003 + iteration)
+                test_noise = torch.empty((args.num_steps, test_envs.num_envs, actions), device=device).exponential_()
             self.noise = torch.cat([self.noise, test_noise], 1)
 
     def __call__(self, next_obs):
@@ -1483,7 +1485,8 @@ def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args: A
     lr = args.learning_rate * (1.0 - (ckpt["iteration"] - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
     for opt in (optimizer, aux_optimizer or optimizer):
         for group in opt.param_groups:  # Adam's saved settings give way to the flags (the checkpoint's, or given)
-            group["lr"], group["eps"] = lr, args.adam_eps  # [14] the rate of the checkpoint's iteration, whose
+            group["lr"], group["eps"], group["capturable"] = lr, args.adam_eps, False  # see PPO's
+            # [14] the rate of the checkpoint's iteration, whose
             # auxiliary phase a resume may finish first
     mine = ckpt["ranks"][args.rank]  # what belongs to this process: its envs and random states
     set_env_state(envs, mine["envs"])
@@ -1542,7 +1545,8 @@ def diverged(agent, losses, last_good, run_name, iteration, given, args: Args):
     """[26] Whether a loss or a parameter is not finite on any process; if so, rank 0 writes the weights from before
     this iteration as a diagnostic checkpoint and says which quantity went bad."""
     watched = {**losses, **dict(agent.named_parameters())}
-    bad = next((key for key, value in watched.items() if not torch.isfinite(value).all()), None)
+    finite = torch.stack([torch.isfinite(value).all() for value in watched.values()]).tolist()  # one wait, not one each
+    bad = next((key for key, ok in zip(watched, finite, strict=True) if not ok), None)
     bad = next((b for b in gather_objects(bad, args.world_size) if b is not None), None)  # stop together
     if bad is not None and args.rank == 0:
         diagnostic = {**last_good, "script": SCRIPT, "args": given, "diagnostic": True}
@@ -1626,6 +1630,7 @@ def evaluate_saved(args: Args):
     load_weights(agent, path, "eval-only")
     device = torch.device(args.device)
     agent = agent.to(device)
+    torch.manual_seed(args.seed)  # one seed, one result
     levels = (args.num_levels, args.start_level) if args.eval_train_levels else (0, 0)
     video_dir = None
     if args.capture_video:
@@ -1921,7 +1926,7 @@ def train(args: Args):
         eval_now = args.eval_interval > 0 and iteration % args.eval_interval == 0
         folded = eval_now and args.rollout != "plain"
         policy = RolloutPolicy(agent, policy_step, envs, *((test_envs, test_obs) if folded else (None, None)), args,
-                               to_device)  # fmt: skip
+                               to_device, iteration)  # fmt: skip
         # ── end folded and pipelined rollouts ──
         for step in range(0, args.num_steps):
             global_step += args.num_envs
@@ -1951,11 +1956,14 @@ def train(args: Args):
         # ── end folded and pipelined rollouts ──
         eval_start = time.perf_counter()  # [32]
         if eval_now and not folded:  # [11] held-out levels, the same policy (or [35] folded into the rollout)
-            for _ in range(args.num_steps):
-                test_action = policy_step(agent, test_obs)[0]
-                test_obs, _, _, _, test_infos = test_envs.step(test_action.cpu().numpy())
-                test_obs = to_device("test_obs", test_obs)
-                log_episodes(episodes, test_infos, global_step, "test_")
+            # their actions from a generator of their own, seeded anew each time: training's stay as they were
+            with torch.random.fork_rng([device] if device.type == "cuda" else []):
+                torch.manual_seed(args.seed + 1_000_003 + iteration)
+                for _ in range(args.num_steps):
+                    test_action = policy_step(agent, test_obs)[0]
+                    test_obs, _, _, _, test_infos = test_envs.step(test_action.cpu().numpy())
+                    test_obs = to_device("test_obs", test_obs)
+                    log_episodes(episodes, test_infos, global_step, "test_")
 
         eval_time, update_start = time.perf_counter() - eval_start, time.perf_counter()  # [32]
         # ── RND [33] ──: the intrinsic reward joins the extrinsic one before GAE (rllte adds it after GAE, where it
@@ -2243,6 +2251,9 @@ def check_args(args: Args) -> None:
         arg_error("init-model", "cannot be combined with --resume", args.init_model)
     if args.resume is not None and args.eval_only is not None:
         arg_error("eval-only", "cannot be combined with --resume", args.eval_only)
+    if args.n_aux_grad_accum > 1 and args.compile == "reduce-overhead":  # [36] a replay overwrites the graph's .grad
+        rule = "adds gradients across compiled calls, which CUDA graphs overwrite: with --compile reduce-overhead"
+        arg_error("n-aux-grad-accum", f"{rule} it must be 1 (or use --compile default)", args.n_aux_grad_accum)
     # ── end feature rules that span flags ──
     # ── torchrun [30]: every process owns num_envs / world_size envs and its share of each minibatch ──
     args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
@@ -2265,6 +2276,9 @@ def check_args(args: Args) -> None:
     if args.prio_alpha > 0 and args.local_num_envs % args.num_minibatches:
         arg_error("prio-alpha", "samples whole env segments: each process's envs must be a multiple of "
                   "--num-minibatches", args.prio_alpha)  # fmt: skip
+    if args.compile == "reduce-overhead" and args.world_size > 1:  # [36] until two GPUs have run it
+        arg_error("compile", "would trace the gradients' all-reduce into CUDA graphs: under torchrun use --compile "
+                  "default", "reduce-overhead")  # fmt: skip
     if args.vtrace and args.local_num_envs % args.num_minibatches:  # [28] as Metta's, minibatches of whole segments
         arg_error("vtrace", "takes minibatches of whole env segments: each process's envs must be a multiple of "
                   "--num-minibatches", True)  # fmt: skip

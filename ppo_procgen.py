@@ -400,11 +400,14 @@ def train(args: Args):
             log_episodes(episodes, infos, global_step, "")
 
         if args.eval_interval > 0 and iteration % args.eval_interval == 0:  # [11] held-out levels, the same policy
-            for _ in range(args.num_steps):
-                test_action = policy_step(agent, test_obs)[0]
-                test_obs, _, _, _, test_infos = test_envs.step(test_action.cpu().numpy())
-                test_obs = torch.as_tensor(test_obs, device=device)
-                log_episodes(episodes, test_infos, global_step, "test_")
+            # their actions from a generator of their own, seeded anew each time: training's stay as they were
+            with torch.random.fork_rng([device] if device.type == "cuda" else []):
+                torch.manual_seed(args.seed + 1_000_003 + iteration)
+                for _ in range(args.num_steps):
+                    test_action = policy_step(agent, test_obs)[0]
+                    test_obs, _, _, _, test_infos = test_envs.step(test_action.cpu().numpy())
+                    test_obs = torch.as_tensor(test_obs, device=device)
+                    log_episodes(episodes, test_infos, global_step, "test_")
 
         # bootstrap value if not done
         with torch.no_grad():

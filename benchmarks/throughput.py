@@ -208,13 +208,22 @@ def run_logged(cmd, workdir, env=None, timeout=None):
                 raise TimeoutError(f"killed after {timeout:g} s: {' '.join(cmd)}")
             if status != 0:
                 err.seek(0)
-                raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{err.read()[-2000:]}")
+                raise RunFailed(os.waitstatus_to_exitcode(status), err.read(), cmd)
         out.seek(0)
         text = out.read()
         (run_dir,) = (Path(cwd) / "runs").iterdir()
         acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
         acc.Reload()
     return text, usage, acc
+
+
+class RunFailed(SystemExit):
+    """A benchmark run that exited with an error: its exit status and the last lines of its stderr. Uncaught, the
+    benchmark stops with them, as any SystemExit; the speed tables catch it, write the row as failed, and go on."""
+
+    def __init__(self, status, stderr, cmd):
+        self.status, self.last = status, [line for line in stderr.strip().splitlines() if line.strip()][-3:]
+        super().__init__(f"benchmark run failed (exit status {status}): {' '.join(cmd)}\n{stderr[-2000:]}")
 
 
 def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None):
@@ -355,20 +364,26 @@ def main():
     ceilings = {threads: ceiling(envs, steps, threads, reps) for threads in (1, 2, 4)}
     print("ceiling:", {t: round(v) for t, v in ceilings.items()}, flush=True)
 
-    results, timed_out = {name: [] for name, *_ in configs}, set()
+    results, not_measured = {name: [] for name, *_ in configs}, {}  # a row that failed or timed out: why
     for rep in range(reps):
         for name, script, flags, env in configs:
             extra = sizes + (ppg_sizes if script.startswith("ppg_procgen") else [])
             # 2 iterations: the first is the warm-up; PPG's second closes a phase with one auxiliary epoch
             try:
                 results[name].append(run(script, [*flags, *extra], 2, batch, opts.out, opts.device, env, opts.timeout))
-            except TimeoutError as exc:  # a row that hangs or compiles too long: said in the table, the rest go on
-                print(f"rep {rep + 1}/{reps}  {name}: {exc}", flush=True)
-                timed_out.add(name)
-                continue
-            r = results[name][-1]
-            print(f"rep {rep + 1}/{reps}  {name}: {r['sps']:.0f} steps/s, peak {r['peak_rss_gib']:.2f} GiB", flush=True)
-            write_results(opts, configs, results, rep + 1, reps, ceilings, envs, batch, timed_out)  # after every row
+            except TimeoutError:  # a row that hangs or compiles too long: said in the table, the rest go on
+                not_measured[name] = f"timed out after {opts.timeout:g} s"
+            except RunFailed as exc:  # a row that fails: its exit status and last stderr lines, the rest go on
+                not_measured[name] = f"failed, exit status {exc.status}: " + " / ".join(exc.last).replace("|", "/")
+            if name in not_measured:
+                print(f"rep {rep + 1}/{reps}  {name}: {not_measured[name]}", flush=True)
+            else:
+                r = results[name][-1]
+                print(
+                    f"rep {rep + 1}/{reps}  {name}: {r['sps']:.0f} steps/s, peak {r['peak_rss_gib']:.2f} GiB",
+                    flush=True,
+                )
+            write_results(opts, configs, results, rep + 1, reps, ceilings, envs, batch, not_measured)  # after every row
 
 
 def host_suite(opts):
@@ -417,12 +432,12 @@ def host_suite(opts):
     print(f"wrote {opts.out / 'HOST.md'}")
 
 
-def write_results(opts, configs, results, done, reps, ceilings, envs, batch, timed_out=()):
+def write_results(opts, configs, results, done, reps, ceilings, envs, batch, not_measured=None):
     """The table (and chart) of the medians over the repetitions measured so far (`done`: the one going on); rows not
-    measured yet are left out, and rows that timed out say so."""
+    measured yet are left out, and rows that failed or timed out say why (`not_measured`: name -> why)."""
     med = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for name, rows in results.items()
            if rows}  # fmt: skip
-    base = next(iter(med.values()))
+    base = next(iter(med.values()), None)
     cmd = (
         "python benchmarks/throughput.py"
         + (" --quick" if opts.quick else "")
@@ -459,7 +474,9 @@ def write_results(opts, configs, results, done, reps, ceilings, envs, batch, tim
             f"{m['perf/inference_seconds']:.2f} | {m['perf/eval_seconds']:.2f} | {m['perf/update_seconds']:.2f} | "
             f"{aux} | {m['peak_rss_gib']:.2f} |"
         )
-    lines += [f"| {name} | timed out after {opts.timeout:g} s |  |  |  |  |  |  |  |" for name in timed_out]
+    lines += [
+        f"| {name} | {why} |  |  |  |  |  |  |  |" for name, why in (not_measured or {}).items() if name not in med
+    ]
     lines += ["", "![throughput](throughput.png)", ""]
     if opts.suite in ("options", "gpu"):
         title, name = {

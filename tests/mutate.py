@@ -59,6 +59,23 @@ TIER_TESTS = {
 # (file, the line's text as it is, the mistake, what it breaks[, (test files, -k) in place of the file's own]); the
 # text must occur once in the file
 MUTANTS = [
+    *[(lean, 'with torch.random.fork_rng([device] if device.type == "cuda" else []):', "with contextlib.nullcontext():",
+       f"{lean[:3].upper()}: the test envs' actions drawn from the training generator") for lean in (PPO, PPG)],
+    *[(full, "torch.manual_seed(args.seed + 1_000_003 + iteration)\n                test_noise", "test_noise",
+       f"{full[:3].upper()} full: a folded rollout's test noise not from the test loop's generator") for full in
+      (PPO_FULL, PPG_FULL)],
+    *[(full, "    torch.manual_seed(args.seed)  # one seed, one result", "    pass",
+       f"{full[:3].upper()} full: --eval-only not seeded") for full in (PPO_FULL, PPG_FULL)],
+    *[(full, 'if args.compile == "reduce-overhead" and args.world_size > 1:', "if False:",
+       f"{full[:3].upper()} full: --compile reduce-overhead under torchrun", (["tests/test_cli.py"], "cuda_graphs"))
+      for full in (PPO_FULL, PPG_FULL)],
+    (PPG_FULL, 'if args.n_aux_grad_accum > 1 and args.compile == "reduce-overhead":', "if False:",
+     "PPG full: --n-aux-grad-accum with CUDA graphs", (["tests/test_cli.py"], "cuda_graphs")),
+    (PPO_FULL, '        group["capturable"] = False', "        pass",
+     "PPO full: a compiled GPU run's capturable Adam resumed on a CPU", (["tests/test_checkpoint.py"], "compiled_gpu")),
+    (PPG_FULL, 'group["lr"], group["eps"], group["capturable"] = lr, args.adam_eps, False',
+     'group["lr"], group["eps"] = lr, args.adam_eps', "PPG full: a compiled GPU run's capturable Adam resumed on a CPU",
+     (["tests/test_checkpoint.py"], "compiled_gpu")),
     (PPO, "loss = pg_loss - args.ent_coef * entropy_loss", "loss = pg_loss + args.ent_coef * entropy_loss",
      "entropy bonus with its sign flipped"),
     (PPO, "loss = pg_loss - args.ent_coef", "loss = -pg_loss - args.ent_coef", "policy loss with its sign flipped"),

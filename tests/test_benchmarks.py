@@ -58,6 +58,7 @@ def test_the_gpu_kit_runs_every_step_in_quick_mode(tmp_path):
     kit = (tmp_path / "GPU.md").read_text()
     for title in ("CUDA tests", "Speed options", "Host side", "Host-device syncs"):
         assert f"## {title}" in kit and f"{title}: ok" in proc.stdout, title
+    assert "<testcase" in (tmp_path / "cuda_tests.xml").read_text()  # each CUDA test's outcome, by name
     speed = [line for line in kit.split("## Host side")[0].splitlines() if line.startswith("| PPO")]
     assert [row.split("|")[1].strip() for row in speed] == ["PPO eager, --rollout pipelined"]
     cells = [c.strip() for c in speed[0].split("|")[2:-1]]  # steps/s, ratio, env, inference, eval, update
@@ -74,9 +75,11 @@ def test_the_gpu_kit_stops_a_step_past_its_time_limit_and_says_so(tmp_path):
     processes it started; the console and GPU.md say it timed out, and the kit goes on to the next step and exits 1."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path), "--timeout", "0.5",
            "--skip", "Speed options", "Host side"]  # fmt: skip
+    (tmp_path / "GPU_SPEED.md").write_text("# an earlier run's\n\n| PPO stale row |\n")  # not this run's: cleared
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     kit = (tmp_path / "GPU.md").read_text()
+    assert "stale" not in kit and not (tmp_path / "GPU_SPEED.md").exists()
     for title in ("CUDA tests", "Host-device syncs"):
         assert f"{title}: TIMED OUT after 0.5 s in " in proc.stdout, proc.stdout
         section = kit.split(f"## {title}")[1].split("##")[0]
@@ -231,6 +234,36 @@ def test_a_speed_table_run_past_its_time_limit_is_killed_and_said(tmp_path):
     with pytest.raises(TimeoutError, match="killed after 0.5 s"):
         throughput.run_logged([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, timeout=0.5)
     assert time.time() - start < 10
+
+
+def test_a_speed_row_that_fails_or_times_out_is_written_and_the_rows_after_it_run(tmp_path, monkeypatch):
+    """The speed table goes on past a row whose run fails or times out, and writes each as it is known: a failed row
+    with its exit status and the last lines of its stderr, a row past its time limit as such, the rows after both."""
+    import throughput
+
+    failing = [sys.executable, "-c", "import sys; print('no such kernel', file=sys.stderr); sys.exit(3)"]
+    hanging = [sys.executable, "-c", "import time; time.sleep(30)"]
+    measured = {"sps": 100.0, "peak_rss_gib": 1.0, **{f"perf/{k}_seconds": 0.1 for k in ("env", "inference", "eval")}}
+    measured["perf/update_seconds"] = 0.2
+
+    def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None):
+        if env or "folded" in flags:  # the OMP_WAIT_POLICY row fails, the folded row hangs: real processes, as rows run
+            throughput.run_logged(failing if env else hanging, workdir, env, timeout=0.5)
+        return dict(measured)
+
+    monkeypatch.setattr(throughput, "run", run)
+    monkeypatch.setattr(throughput, "ceiling", lambda *a: 1000.0)
+    only = ["PPO fp32 (default)", "OMP_WAIT_POLICY", "--rollout folded", "--rollout pipelined"]
+    argv = ["throughput.py", "--quick", "--out", str(tmp_path), "--timeout", "0.5", "--only", *only]
+    monkeypatch.setattr(sys, "argv", argv)
+    throughput.main()
+    rows = {line.split("|")[1].strip(): line for line in (tmp_path / "RESULTS.md").read_text().splitlines()[1:]
+            if line.startswith("| PPO")}  # fmt: skip
+    assert sorted(rows) == sorted(["PPO fp32 (default)", "PPO fp32, OMP_WAIT_POLICY=PASSIVE",
+                                   "PPO fp32, --rollout folded", "PPO fp32, --rollout pipelined"])  # fmt: skip
+    assert "failed, exit status 3: no such kernel" in rows["PPO fp32, OMP_WAIT_POLICY=PASSIVE"]
+    assert "timed out after 0.5 s" in rows["PPO fp32, --rollout folded"]
+    assert "| 100 |" in rows["PPO fp32, --rollout pipelined"]  # the row after both was measured
 
 
 def test_the_loop_cost_benchmark_writes_its_table(tmp_path):

@@ -448,6 +448,22 @@ def test_flags_given_beside_resume_win_over_the_optimizer_s_saved_settings(train
     assert [v for s, v in logged if s > 256] == pytest.approx([1e-4, 1e-4]) and logged[0][1] == pytest.approx(5e-4)
 
 
+def test_a_checkpoint_of_a_compiled_gpu_run_resumes_on_a_cpu(trained, tmp_path, monkeypatch):
+    """A run compiled on a GPU saves Adam's `capturable: True` (its step counts on the device); resumed on a CPU
+    without `--compile`, Adam would stop at its first step ("If capturable=True, params and state_steps must be on
+    supported devices"): the resumed run sets `capturable` by what it does itself."""
+    script, flags, run_dir = copy_of_run(trained, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for path in sorted((run_dir / "checkpoints").glob("iter_*.pt")):
+        ckpt = torch.load(path, weights_only=True)
+        for key in [k for k in ("optimizer", "aux_optimizer") if ckpt.get(k)]:
+            for group in ckpt[key]["param_groups"]:
+                group["capturable"] = True
+        torch.save(ckpt, path)
+    train(script, [*flags, "--total-timesteps", "512", "--resume", str(run_dir)])
+    assert len(read_scalars(run_dir)["losses/policy_loss"]) == 4
+
+
 def test_resuming_with_rnd_switched_on_or_off_is_one_line(trained, tmp_path, monkeypatch, capsys):
     script, flags, run_dir = copy_of_run(trained, tmp_path)
     monkeypatch.chdir(tmp_path)

@@ -16,6 +16,7 @@ from conftest import (
     load_script,
     narrow_lean,
     only_run_dir,
+    outcome,
     parse,
     python,
     read_scalars,
@@ -288,3 +289,19 @@ def test_train_puts_back_the_process_settings(tmp_path, monkeypatch, name):
     with pytest.raises(ZeroDivisionError):
         script.train(parse(script, [*smoke_args(name), "--device", "cpu", "--exp-name", "again"]))
     assert settings() == before
+
+
+@pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
+def test_what_cuda_graphs_cannot_take_is_refused_in_one_line(name, monkeypatch):
+    """`--compile reduce-overhead` under torchrun (its gradients' all-reduce would be traced into a CUDA graph; no
+    two GPUs have run it) and, in PPG, with gradients accumulated over auxiliary minibatches (a graph's next replay
+    overwrites the `.grad` the next backward adds to): each one line naming the flag, exit status 2."""
+    script = load_script(name)
+    flags = [*smoke_args(name), "--device", "cpu", "--compile", "reduce-overhead"]
+    assert outcome(script, flags)[0] == 0
+    if "ppg" in name:
+        status, lines = outcome(script, [*flags, "--n-aux-grad-accum", "2", "--num-aux-rollouts", "2"])
+        assert status == 2 and len(lines) == 1 and lines[0].startswith(f"{name}.py: error: --n-aux-grad-accum 2: ")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    status, lines = outcome(script, flags)
+    assert status == 2 and len(lines) == 1 and lines[0].startswith(f"{name}.py: error: --compile reduce-overhead: ")

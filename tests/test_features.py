@@ -258,6 +258,24 @@ def test_eval_only_plays_the_levels_it_is_asked_for(name, tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
+def test_eval_only_is_seeded_by_seed(name, tmp_path, monkeypatch):
+    """`--eval-only` at one `--seed` plays the same actions on every call, whatever came before it in the process."""
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    agent = script.Agent((64, 64, 3), 15, 16, script.Args.init_fn, *(["dual"] if is_ppg(name) else []))
+    torch.save(agent.state_dict(), tmp_path / "saved.cleanrl_model")
+    flags = ["--feature-dim", "16", "--device", "cpu", "--eval-only", "saved.cleanrl_model", "--eval-episodes", "2",
+             "--num-eval-envs", "2"]  # fmt: skip
+    actions = []
+    for seed in ("1", "1", "2"):
+        recorder = Recorder(script, monkeypatch)
+        script.train(script.parse_args([*flags, "--seed", seed]))
+        actions.append(torch.cat([out[0] for kind, _, out in recorder.calls if kind == "act"]))
+        torch.rand(3)  # the global generator moved on between the calls
+    assert torch.equal(actions[0], actions[1]) and not torch.equal(actions[0], actions[2])
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_under_torchrun_each_process_plays_its_own_levels_and_every_episode_is_logged(name, tmp_path):
     """Each process's games get their own seed; every process's episodes reach rank 0's log; nothing of the process
     group is left when `train()` returns."""
