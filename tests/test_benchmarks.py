@@ -191,10 +191,11 @@ def test_iqm_over_games_is_the_interquartile_mean_with_an_interval_around_it():
 
 def test_learning_report_from_smoke_runs(tmp_path):
     runs, learning = tmp_path / "runs_dir", ROOT / "benchmarks" / "learning.py"
-    for name in ("ppo_procgen", "ppg_procgen"):  # real small runs, each with its own smoke flags
+    for name in ("ppo_procgen", "ppg_procgen"):  # real small runs, each with its own smoke flags but 8 test envs,
+        flags = smoke_args(name)  # so that a test episode ends in each run's 64 test steps
+        flags[flags.index("--num-eval-envs") + 1] = "8"
         cmd = [sys.executable, str(learning), "run", "--scripts", name, "--env-ids", "starpilot", "--seeds", "1",
-               "--total-timesteps", "256", "--random-episodes", "20", "--runs", str(runs), "--",
-               *smoke_args(name)]  # fmt: skip
+               "--total-timesteps", "256", "--random-episodes", "20", "--runs", str(runs), "--", *flags]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     # reference runs that bracket any return: every point of ours lies inside their range

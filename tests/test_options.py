@@ -55,15 +55,18 @@ def test_minibatches_without_priorities_cover_each_sample_once_per_epoch(script)
 
 
 def test_sampler_frequencies_and_weights_follow_the_priorities(script):
+    """Metta's draws: P = (p^alpha + 1e-6) / (sum p^alpha + 1e-6), no segment twice in a minibatch (drawn without
+    replacement, so a minibatch's first segment alone is drawn from P itself), the weights (N P)^-beta."""
     np.random.seed(0)
     priorities, alpha, beta = np.array([0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 10.0]), 0.6, 0.4
-    probs = priorities**alpha / (priorities**alpha).sum()
+    probs = (priorities**alpha + 1e-6) / ((priorities**alpha).sum() + 1e-6)
     counts = np.zeros(8)
-    for _ in range(5000):  # 5000 x 8 = 40,000 independent draws
+    for _ in range(5000):  # 5000 x 2 minibatches: 10,000 first draws
         segments, weights = script.prioritized_segments(priorities, 2, alpha, beta)
         np.testing.assert_allclose(weights, (8 * probs[segments]) ** -beta, rtol=1e-6)
-        np.add.at(counts, segments.ravel(), 1)
-    expected = probs * counts.sum()
+        assert all(len(set(row)) == len(row) for row in segments.tolist())
+        np.add.at(counts, segments[:, 0], 1)
+    expected = probs / probs.sum() * counts.sum()
     chi2 = ((counts - expected) ** 2 / expected).sum()
     # 7 degrees of freedom: 24.3 is the 0.999 quantile, so a correct sampler fails 1 seed in 1000 (this seed passes)
     assert chi2 < 24.32, (counts, expected)
