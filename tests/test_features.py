@@ -242,12 +242,18 @@ def test_bf16_autocast_runs_the_encoders_in_bf16_and_the_heads_in_fp32(name, tmp
                     ("head", False): {torch.float32}, ("head", True): {torch.float32}}, seen  # fmt: skip
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_eval_only_plays_the_levels_it_is_asked_for(name, tmp_path, monkeypatch):
+def saved_agent(name, tmp_path, monkeypatch):
+    """The script, run from tmp_path, beside a freshly built agent (16 features) saved as `saved.cleanrl_model`."""
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
     agent = script.Agent((64, 64, 3), 15, 16, script.Args.init_fn, *(["dual"] if is_ppg(name) else []))
     torch.save(agent.state_dict(), tmp_path / "saved.cleanrl_model")
+    return script
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_eval_only_plays_the_levels_it_is_asked_for(name, tmp_path, monkeypatch):
+    script = saved_agent(name, tmp_path, monkeypatch)
     flags = ["--feature-dim", "16", "--num-levels", "7", "--start-level", "3", "--device", "cpu", "--eval-only",
              "saved.cleanrl_model", "--eval-episodes", "4", "--num-eval-envs", "2"]  # fmt: skip
     for extra, levels in (([], (0, 0)), (["--eval-train-levels"], (7, 3))):
@@ -260,10 +266,7 @@ def test_eval_only_plays_the_levels_it_is_asked_for(name, tmp_path, monkeypatch)
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_eval_only_is_seeded_by_seed(name, tmp_path, monkeypatch):
     """`--eval-only` at one `--seed` plays the same actions on every call, whatever came before it in the process."""
-    script = load_script(name)
-    monkeypatch.chdir(tmp_path)
-    agent = script.Agent((64, 64, 3), 15, 16, script.Args.init_fn, *(["dual"] if is_ppg(name) else []))
-    torch.save(agent.state_dict(), tmp_path / "saved.cleanrl_model")
+    script = saved_agent(name, tmp_path, monkeypatch)
     flags = ["--feature-dim", "16", "--device", "cpu", "--eval-only", "saved.cleanrl_model", "--eval-episodes", "2",
              "--num-eval-envs", "2"]  # fmt: skip
     actions = []
