@@ -45,12 +45,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
+# ── one-line errors: an unsupported Python, a missing package ──
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
 if not (3, 10) <= sys.version_info[:2] <= (3, 13):  # no procgen package is built for another Python (requirements.txt)
     sys.exit(f"{SCRIPT}.py: error: Python {sys.version.split()[0]} has no procgen package: use Python 3.10 to 3.13")
 
 
-# ── one-line errors: a missing package ──
 def installed(name):
     try:
         return importlib.util.find_spec(name) is not None
@@ -76,51 +76,56 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 
-with contextlib.redirect_stderr(io.StringIO()):  # the old `gym` that procgen imports prints a notice
+with contextlib.redirect_stderr(io.StringIO()):  # procgen's old `gym` prints a notice
     try:
-        from procgen import ProcgenGym3Env as Procgen  # procgen (Python 3.10), procgen-mirror (3.11, 3.12)
+        from procgen import ProcgenGym3Env as Procgen  # procgen, procgen-mirror (Python 3.10-3.12)
     except ImportError:
-        from procgen_gym import ProcgenVecEnv as Procgen  # procgen-gym (3.13): the same C++ games
+        from procgen_gym import ProcgenVecEnv as Procgen  # procgen-gym (3.13): the same games
 
-PROCGEN_GAMES = ("bigfish bossfight caveflyer chaser climber coinrun dodgeball fruitbot heist jumper leaper maze miner "
-                 "ninja plunder starpilot").split()  # fmt: skip
-MODE_GAMES = {"extreme": "chaser dodgeball leaper starpilot", "memory": "caveflyer dodgeball heist jumper maze miner",
-              "exploration": "caveflyer climber coinrun heist jumper leaper maze ninja"}  # fmt: skip
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+PROCGEN_GAMES = "bigfish bossfight caveflyer chaser climber coinrun dodgeball fruitbot".split()
+PROCGEN_GAMES += "heist jumper leaper maze miner ninja plunder starpilot".split()
+MODE_GAMES = {  # the games of each other mode (easy, hard: all)
+    "extreme": "chaser dodgeball leaper starpilot",
+    "memory": "caveflyer dodgeball heist jumper maze miner",
+    "exploration": "caveflyer climber coinrun heist jumper leaper maze ninja",
+}
 # ── checkpoints: the flags a checkpoint must share with a run that loads it (the network, and the rollout) ──
-NETWORK_FLAGS = ("feature_dim", "hidden_dim", "cnn_channels", "arch")
-ROLLOUT_FLAGS = ("env_id", "distribution_mode", "num_levels", "start_level", "num_envs", "num_steps", "num_eval_envs",
-                 "n_iteration")  # fmt: skip
+NETWORK_FLAGS = ("feature_dim", "hidden_dim", "cnn_channels")  # as Agent's arguments are named
+ROLLOUT_FLAGS = ("env_id", "distribution_mode", "num_levels", "start_level", "num_envs", "num_steps", "num_eval_envs")
 # ── end checkpoints ──
+# ── checkpoints (PPG): the architecture, and the phase's length ──
+NETWORK_FLAGS += ("arch",)
+ROLLOUT_FLAGS += ("n_iteration",)
+# ── end checkpoints (PPG) ──
 
 
 @dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    exp_name: str = SCRIPT
     """the name of this experiment, part of the run name"""
     seed: int = 1
-    """seed of python, numpy, torch and procgen's level generator: one seed gives one run"""
+    """seed of python, numpy, torch and procgen's levels"""
     torch_deterministic: bool = True
-    """if toggled, deterministic cuDNN (its TF32 convolutions stay on, torch's default): a GPU run repeats itself"""
+    """if toggled, deterministic cuDNN: a GPU run repeats itself"""
     device: str = "auto"
-    """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`"""
+    """`auto` (CUDA if available, else CPU), `cpu`, `cuda` or `cuda:N`"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "procgen"
     """the wandb's project name"""
     wandb_entity: str | None = None
     """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """if toggled, write videos of test env 0 (episodes 0, 1, 8, 27, ...) to `videos/{run_name}`"""
     env_id: str = "starpilot"
     """the Procgen game"""
     num_levels: int = 200
-    """the number of training levels (200 for easy, 500 for hard in the Procgen paper; 0 = unlimited)"""
+    """the number of training levels (0: all)"""
     start_level: int = 0
     """the first training level"""
     distribution_mode: Literal["easy", "hard", "extreme", "memory", "exploration"] = "easy"
-    """the Procgen difficulty (exploration: one fixed level per game, so it trains and tests on that level)"""
+    """the Procgen difficulty (exploration: one fixed level)"""
     eval_interval: int = 1
-    """step the held-out test env (all levels) for `num_steps` steps every this many iterations; 0 = off"""
+    """test every this many iterations (0: never)"""
     num_eval_envs: int = 16
     """the number of parallel test envs"""
     env_threads: int = 4
@@ -134,9 +139,9 @@ class Args:
     num_envs: int = 64
     """the number of parallel game environments"""
     num_steps: int = 256
-    """the number of steps to run in each environment per policy rollout"""
+    """the steps of each env in a rollout"""
     anneal_lr: bool = False
-    """if toggled, the learning rate decays linearly to 0 over the whole run (the PPG paper keeps it constant)"""
+    """Toggle learning rate annealing for policy and value networks"""
     gamma: float = 0.999
     """the discount factor gamma"""
     gae_lambda: float = 0.95
@@ -150,7 +155,7 @@ class Args:
     clip_coef: float = 0.2
     """the surrogate clipping coefficient"""
     clip_range_vf: float | None = 0.2
-    """the value clipping range, not tied to `clip_coef`; None: no value clipping (CleanRL's `--no-clip-vloss`)"""
+    """the value clipping range; None: no value clipping"""
     ent_coef: float = 0.01
     """coefficient of the entropy"""
     vf_coef: float = 0.5
@@ -158,42 +163,43 @@ class Args:
     max_grad_norm: float = 0.5
     """the maximum norm for the gradient clipping"""
     target_kl: float | None = None
-    """the target KL divergence: the update stops after an epoch whose last minibatch's approx_kl exceeds it"""
+    """the target KL divergence threshold"""
     norm_reward: bool = True
-    """toggles reward normalisation by a running estimate of the discounted return's std"""
+    """toggles reward normalisation"""
     clip_reward: float = 10.0
-    """normalised rewards are clipped to [-clip_reward, clip_reward]"""
+    """the clip of normalised rewards"""
     feature_dim: int = 256
-    """the size of the encoder's output (the dense layer after the IMPALA CNN)"""
+    """the size of the IMPALA CNN's dense layer"""
     hidden_dim: int = 0
     """the size of a hidden layer in each head; 0 = linear heads, as in the papers"""
     init_fn: Literal["orthogonal", "torch_default", "tf_default", "normed", "xavier_uniform", "xavier_normal"] = (
         "normed"
     )
-    """orthogonal everywhere (ours); a PyTorch-default (CleanRL) or glorot (the Procgen paper) trunk; normed (PPG's);
-    `xavier_uniform`, `xavier_normal`: rllte's, in every layer"""
+    """the initialisation (`layer_init`)"""
+    save_model: bool = False
+    """whether to save model into the `runs/{run_name}` folder"""
+
     # PPG
     arch: Literal["dual", "shared", "detach"] = "dual"
-    """dual: separate policy and value networks (the paper's default); shared: one network, the value
-    loss trains it too; detach: one network, the value head reads detached features (CleanRL)"""
+    """dual: separate policy and value networks (the paper's); shared: one network; detach: one
+    network, the value head reads detached features (CleanRL's)"""
     n_iteration: int = 32
-    """N_pi, the policy iterations of a phase; the phase buffer holds their observations as uint8:
-    num_steps x num_envs x n_iteration x 64 x 64 x 3 bytes, 6 GiB at the defaults"""
+    """N_pi, the policy iterations of a phase"""
     e_policy: int = 1
     """E_pi, the policy epochs of each policy iteration"""
     v_value: int = 1
-    """E_V, the value epochs of each policy iteration (run in the same passes as the policy epochs)"""
+    """E_V, the value epochs of each policy iteration (in the same passes as E_pi)"""
     e_auxiliary: int = 6
     """E_aux, the auxiliary epochs of a phase"""
     beta_clone: float = 1.0
-    """the weight of the behaviour-cloning KL(old policy || new policy) in the auxiliary loss"""
+    """the weight of the behaviour-cloning KL in the auxiliary loss"""
     num_aux_rollouts: int = 4
     """the whole env rollouts in one auxiliary minibatch"""
     n_aux_grad_accum: int = 1
     """the auxiliary minibatches whose gradients add up to one optimizer step"""
-    save_model: bool = False
-    """if toggled, save the agent's weights to `runs/{run_name}/{exp_name}.cleanrl_model` at the end"""
     # ── the features' flags ──
+    capture_video: bool = False
+    """if toggled, write videos of test env 0 (episodes 0, 1, 8, 27, ...) to `videos/{run_name}`"""
     # Checkpoints and evaluation
     checkpoint_interval: int = 0
     """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on a stop signal),
@@ -267,13 +273,17 @@ class Args:
     # ── end the features' flags ──
 
 
+# ── rllte aliases (PPG): rllte's PPG flags (Hsuanwu's PPGLearner) ──
+ALGORITHM_ALIASES = {
+    "n_iteration": "--policy-epochs", "e_auxiliary": "--aux-epochs", "beta_clone": "--kl-coef",
+    "num_aux_rollouts": "--num-aux-mini-batch", "n_aux_grad_accum": "--num-aux-grad-accum",
+    "num_minibatches": "--num-policy-mini-batch",  # the policy phase's minibatches
+}  # fmt: skip
+# ── end rllte aliases (PPG) ──
 # ── rllte aliases ──: rllte's names for CleanRL's flags, `--lr 1e-3` for `--learning-rate 1e-3`
 RLLTE_ALIASES = {
     "exp_name": "--tag", "init_model": "--init-model-path", "learning_rate": "--lr", "adam_eps": "--eps",
-    "gamma": "--discount", "minibatch_size": "--batch-size", "clip_coef": "--clip-range",
-    "n_iteration": "--policy-epochs", "e_auxiliary": "--aux-epochs", "beta_clone": "--kl-coef",
-    "num_aux_rollouts": "--num-aux-mini-batch", "n_aux_grad_accum": "--num-aux-grad-accum",
-    "num_minibatches": "--num-policy-mini-batch",  # Hsuanwu's PPGLearner: the policy phase's minibatches
+    "gamma": "--discount", "minibatch_size": "--batch-size", "clip_coef": "--clip-range", **ALGORITHM_ALIASES,
 }  # fmt: skip
 for _name, _alias in RLLTE_ALIASES.items():
     Args.__dataclass_fields__[_name].type = Args.__annotations__[_name] = typing.Annotated[
@@ -283,26 +293,28 @@ for _name, _alias in RLLTE_ALIASES.items():
 
 
 class ProcgenVecEnv(gym.vector.VectorEnv):
-    """[1] Procgen as one gymnasium vector env; a finished env restarts in the same `step` (SAME_STEP autoreset)."""
+    """[1] Procgen as a vector env; a finished env restarts in the same `step`."""
 
-    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
 
     def __init__(self, num_envs, seed, video_dir=None, **procgen_kwargs):
-        if procgen_kwargs["distribution_mode"] == "exploration":  # one fixed level per game: procgen picks it
-            procgen_kwargs = {k: v for k, v in procgen_kwargs.items() if k not in ("num_levels", "start_level")}
-        # [2] Seeded level generator: `rand_seed` fixes which levels each env plays and in what order.
+        if procgen_kwargs["distribution_mode"] == "exploration":  # one level, procgen's
+            del procgen_kwargs["num_levels"], procgen_kwargs["start_level"]
+        # [2] Seeded level generator: which levels each env plays, in order
         self.env = Procgen(num=num_envs, rand_seed=seed, **procgen_kwargs)
-        self.num_envs, self.gym3 = num_envs, hasattr(self.env, "act")  # procgen's gym3 env, or procgen-gym's
+        self.num_envs, self.gym3 = num_envs, hasattr(self.env, "act")  # else procgen-gym's
         self.make_part = functools.partial(Procgen, rand_seed=seed, **procgen_kwargs)  # [35] a pipelined rollout's
+        # ── videos ──
         self.video_dir, self.video_episode, self.frames = video_dir, 0, []  # `--capture-video`: env 0's episodes
-        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)  # procgen's RGB frames
-        self.single_action_space = gym.spaces.Discrete(15)  # procgen's button combinations, the same in every game
+        # ── end videos ──
+        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+        self.single_action_space = gym.spaces.Discrete(15)  # in every game
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
 
     def reset(self, *, seed=None, options=None):
         obs = self.env.observe()[1]["rgb"] if self.gym3 else self.env.reset()[0]
-        self.frames = [obs[0]]
+        self.frames = [obs[0]]  # --capture-video's first frame
         return obs, {}
 
     def step(self, actions):
@@ -310,25 +322,15 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
             self.env.act(np.asarray(actions, dtype=np.int32))
             reward, obs, first = self.env.observe()
             obs = obs["rgb"]
-        else:  # procgen-gym's "terminated" is procgen's `first`: the same-step reset, whatever its metadata says
+        else:  # procgen-gym's "terminated" is procgen's `first`
             obs, reward, first, _, _ = self.env.step(np.asarray(actions, dtype=np.int32))
+        # ── videos ──
         if self.video_dir is not None:
             self.record(obs[0], first[0])
+        # ── end videos ──
         return obs, reward, first, np.zeros_like(first), {}
 
-    # ── folded and pipelined rollouts [35] ──
-    def start_ahead(self, parts):
-        """Let the policy step start the games' next step (`act_ahead`), `parts` instances of them stepping apart."""
-        if self.gym3:  # procgen-gym steps in `step` alone
-            self.env = AheadSteps(self.env, parts, self.make_part)
-
-    def act_ahead(self, actions, part=None):
-        """Start the next step of the games of `part` (or of all), and return at once; `step` then waits for it."""
-        if self.gym3 and isinstance(self.env, AheadSteps):
-            self.env.act_ahead(np.asarray(actions, dtype=np.int32), part)
-
-    # ── end folded and pipelined rollouts ──
-
+    # ── videos ──
     def record(self, frame, episode_ended):
         """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
         if episode_ended and round(self.video_episode ** (1 / 3)) ** 3 == self.video_episode:
@@ -344,13 +346,28 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
             self.video_episode, self.frames = self.video_episode + 1, []
         self.frames.append(frame)
 
+    # ── end videos ──
+
+    # ── folded and pipelined rollouts [35] ──
+    def start_ahead(self, parts):
+        """Let the policy step start the games' next step (`act_ahead`), `parts` instances of them stepping apart."""
+        if self.gym3:  # procgen-gym steps in `step` alone
+            self.env = AheadSteps(self.env, parts, self.make_part)
+
+    def act_ahead(self, actions, part=None):
+        """Start the next step of the games of `part` (or of all), and return at once; `step` then waits for it."""
+        if self.gym3 and isinstance(self.env, AheadSteps):
+            self.env.act_ahead(np.asarray(actions, dtype=np.int32), part)
+
+    # ── end folded and pipelined rollouts ──
+
 
 def make_envs(num_envs, seed, num_levels, start_level, args: Args, video_dir=None):
-    """`num_envs` games on levels [start_level, start_level + num_levels) (0 levels: all), with episode statistics."""
+    """`num_envs` games on `num_levels` levels from `start_level` (0: all)."""
     envs = ProcgenVecEnv(num_envs, seed, video_dir, env_name=args.env_id, distribution_mode=args.distribution_mode,
                          num_levels=num_levels, start_level=start_level, num_threads=args.env_threads)  # fmt: skip
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "`dones` needs same-step resets"
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP  # as `dones` needs
     return envs
 
 
@@ -483,11 +500,11 @@ class StatusLine:
 # ── end status line ──
 
 
-# [3] Initialisation: `std` is the L2 norm of each output unit's weights (orthogonal rows have norm `gain`).
+# [3] Initialisation: `std` is the norm of each output unit's weights
 def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
     if init_fn == "orthogonal":
         torch.nn.init.orthogonal_(layer.weight, std)
-    elif init_fn == "tf_default":  # glorot-uniform at gain 1 whatever `std` says, and zero biases
+    elif init_fn == "tf_default":  # glorot-uniform, gain 1
         torch.nn.init.xavier_uniform_(layer.weight)
     # ── rllte's init functions ──: `std` is the gain
     elif init_fn == "xavier_uniform":
@@ -495,36 +512,36 @@ def layer_init(layer, std=np.sqrt(2), init_fn="orthogonal", bias_const=0.0):
     elif init_fn == "xavier_normal":
         torch.nn.init.xavier_normal_(layer.weight, std)
     # ── end rllte's init functions ──
-    elif init_fn == "normed":  # Gaussian weights rescaled per output unit (OpenAI's PPG code rescales torch's uniform)
+    elif init_fn == "normed":  # Gaussian, rescaled per output unit
         with torch.no_grad():
             layer.weight.normal_()
             layer.weight.mul_(std / layer.weight.flatten(1).norm(dim=1).view(-1, *[1] * (layer.weight.dim() - 1)))
-    if init_fn != "torch_default":  # PyTorch's default keeps the weights and biases it was built with
+    if init_fn != "torch_default":  # else PyTorch's own init
         torch.nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
-# [4] IMPALA CNN (Espeholt et al., 2018): three stacks of conv, max-pool and two residual blocks.
+# [4] IMPALA CNN (Espeholt et al., 2018): stacks of conv, max-pool and two residual blocks.
 class ResidualBlock(nn.Module):
     def __init__(self, channels, std, init_fn):
         super().__init__()
-        self.conv0 = layer_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), std, init_fn)
-        self.conv1 = layer_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), std, init_fn)
+        self.conv0 = layer_init(nn.Conv2d(channels, channels, 3, padding=1), std, init_fn)
+        self.conv1 = layer_init(nn.Conv2d(channels, channels, 3, padding=1), std, init_fn)
 
     def forward(self, x):
         return x + self.conv1(nn.functional.relu(self.conv0(nn.functional.relu(x))))
 
 
 def impala_cnn(obs_shape, feature_dim, init_fn, stacks=(16, 32, 32)):
-    """(height, width, channels) images -> `feature_dim` features; on Procgen 64x64x3 -> 32x32x16 -> 16x16x32 ->
-    8x8x32 -> 256. Each of the six residual branches has a gain of 1/sqrt(6) (each of its two convs the square root
-    of that), so that the six together add about as much variance as their input has (OpenAI's PPG code's scales)."""
-    (height, width, channels), layers, block_std = obs_shape, [], np.sqrt(1 / np.sqrt(3) / np.sqrt(2))
-    for out_channels in stacks:  # each stack's channels
+    """64x64x3 -> 32x32x16 -> 16x16x32 -> 8x8x32 -> 256. Each of n residual branches has a gain of
+    1/sqrt(n), each conv its square root (OpenAI's PPG code)."""
+    (height, width, channels), layers = obs_shape, []
+    block_std = np.sqrt(1 / np.sqrt(len(stacks)) / np.sqrt(2))  # 2 blocks per stack
+    for out_channels in stacks:
         conv = layer_init(nn.Conv2d(channels, out_channels, kernel_size=3, padding=1), 1.0, init_fn)
         blocks = [ResidualBlock(out_channels, block_std, init_fn) for _ in range(2)]
         layers += [conv, nn.MaxPool2d(kernel_size=3, stride=2, padding=1), *blocks]
-        channels, height, width = out_channels, (height + 1) // 2, (width + 1) // 2  # the max-pool halves, rounding up
+        channels, height, width = out_channels, (height + 1) // 2, (width + 1) // 2  # pooled
     dense = layer_init(nn.Linear(channels * height * width, feature_dim), np.sqrt(2), init_fn)
     return nn.Sequential(*layers, nn.Flatten(), nn.ReLU(), dense, nn.ReLU())
 
@@ -573,7 +590,6 @@ class RND(nn.Module):
         self.register_buffer("return_var", torch.tensor(1.0))
         self.register_buffer("return_count", torch.tensor(0.0))
         self.register_buffer("intrinsic_return", torch.zeros(num_envs))  # a running, non-episodic return per env
-        self.register_buffer("last_loss", torch.zeros(()), persistent=False)  # the update's last minibatch's, logged
 
     def merge(self, mean, var, count, batch):
         """Update a running mean and variance in place with a batch (Chan et al.'s parallel formula)."""
@@ -621,7 +637,7 @@ class RND(nn.Module):
 def warm_up_rnd(rnd, envs, next_obs, args: Args):
     """RND's observation statistics from `rnd_obs_norm_steps` steps of every env under uniformly random actions,
     before training, as RND's and CleanRL's code start them; the envs' next observation and done after them. The steps
-    count for nothing else: no global step, no logged episode (the reward normaliser [12] does see their rewards)."""
+    count for nothing else: no global step, no logged episode (the reward normaliser [14] does see their rewards)."""
     frames, next_done = [], torch.zeros(envs.num_envs, device=next_obs.device)
     for step in range(1, args.rnd_obs_norm_steps + 1):
         next_obs, _, terminations, truncations, _ = envs.step(
@@ -679,13 +695,14 @@ def agent_options(agent, envs, test_envs, args: Args):
 
 
 # ── torch.compile [36]: the loop's stages, each compiled whole ──
-def compiled_stages(optimizers, device, args: Args):
-    """The stages `train` calls: as they are, or (`--compile`) each compiled whole. Compiled, the learning rate is a
-    device tensor changed in place (`set_lr`) and on a GPU Adam keeps its step counts there too (capturable), so the
-    compiled optimizer step reads both without recompiling or waiting; random draws inside a stage come from torch's
-    own generator (inductor's `fallback_random`), so that a compiled run draws what an eager one draws; with CUDA
-    graphs (`reduce-overhead`) each call's outputs are copied out of the graph's memory, which the next replay reuses"""
-    stages = (policy_step, compute_gae, update_minibatch, aux_minibatch)
+def compiled_stages(names, optimizers, device, args: Args):
+    """The stages `train` calls, by their `names`: as they are, or (`--compile`) each compiled whole. Compiled, the
+    learning rate is a device tensor changed in place (`set_lr`) and on a GPU Adam keeps its step counts there too
+    (capturable), so the compiled optimizer step reads both without recompiling or waiting; random draws inside a
+    stage come from torch's own generator (inductor's `fallback_random`), so that a compiled run draws what an eager
+    one draws; with CUDA graphs (`reduce-overhead`) each call's outputs are copied out of the graph's memory, which
+    the next replay reuses"""
+    stages = [globals()[name] for name in names]  # the module's, which `train` then rebinds
     if args.compile == "off":
         return stages
     import torch._inductor.config
@@ -734,20 +751,20 @@ class Agent(nn.Module):
     def __init__(self, obs_shape, num_actions, feature_dim, init_fn, arch, hidden_dim=0, cnn_channels=(16, 32, 32)):
         super().__init__()
         self.network = impala_cnn(obs_shape, feature_dim, init_fn, cnn_channels)
-        # [3] Heads: policy gain 0.01 (near-uniform first actions), value gain 1; orthogonal after a default trunk
+        # [3] Heads: policy 0.01 (near-uniform first actions), value 1 (normed: both 0.1)
         actor_std, critic_std = (0.1, 0.1) if init_fn == "normed" else (0.01, 1.0)
         head_fn = "orthogonal" if init_fn.endswith("_default") else init_fn
         self.actor = head(feature_dim, hidden_dim, num_actions, actor_std, head_fn)
         self.critic = head(feature_dim, hidden_dim, 1, critic_std, head_fn)
-        # [19] The PPG architectures: what the true value head reads, and what its loss trains.
+        # [19] The PPG architectures: what the true value head reads, and what its loss trains
         self.arch = arch
         if arch == "dual":
             self.value_network = impala_cnn(obs_shape, feature_dim, init_fn, cnn_channels)
-        # [20] The auxiliary value head on the policy's features: distils value knowledge into the policy network.
+        # [20] The auxiliary value head on the policy's features: the value distilled into them
         self.aux_critic = head(feature_dim, hidden_dim, 1, critic_std, head_fn)
 
     def value_hidden(self, x, hidden):
-        """The critic's input: its own network (dual), or the policy's features, detached (detach) or not (shared)."""
+        """The critic's input: its own network (dual), or the policy's features."""
         if self.arch == "dual":
             return self.value_network(x)
         return hidden.detach() if self.arch == "detach" else hidden
@@ -759,7 +776,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, action=None, noise=None):
         x = preprocess(x)
         hidden = self.network(x)
-        probs = Categorical(logits=self.actor(hidden), validate_args=False)  # its checks would wait for the GPU
+        probs = Categorical(logits=self.actor(hidden), validate_args=False)  # no GPU wait
         if action is None:
             # ── sampling without multinomial's checks [34] ──: `probs.sample()`'s draw (torch.multinomial's exponential
             # race: the same actions, seed for seed) without its validity checks (a dozen small kernels, asserted
@@ -767,7 +784,8 @@ class Agent(nn.Module):
             noise = torch.empty_like(probs.probs).exponential_() if noise is None else noise
             action = (probs.probs / noise).argmax(-1)
             # ── end sampling without multinomial's checks ──
-        return action, probs.log_prob(action), probs.entropy(), self.critic(self.value_hidden(x, hidden))
+        value = self.critic(self.value_hidden(x, hidden))
+        return action, probs.log_prob(action), probs.entropy(), value
 
     def get_pi(self, x):
         """The policy's logits alone (the old policy of the auxiliary phase)."""
@@ -777,17 +795,28 @@ class Agent(nn.Module):
         x = preprocess(x)
         hidden = self.network(x)
         value = self.critic(self.value_hidden(x, hidden))
-        return Categorical(logits=self.actor(hidden), validate_args=False), value, self.aux_critic(hidden)
+        pi = Categorical(logits=self.actor(hidden), validate_args=False)
+        return pi, value, self.aux_critic(hidden)
 
 
-# [5] GAE (Schulman et al. 2016) over (num_steps, num_envs): dones[t] = 1 if obs[t] starts an episode; next_* bootstrap
+# The loop's three stages (as LeanRL cuts its): the policy step, the advantages (`compute_gae`)
+# and one update minibatch; none waits for the GPU.
+def policy_step(agent, next_obs, noise=None):
+    """Observation in; the sampled action, its log-probability and the value out."""
+    with torch.no_grad():
+        next_obs = torch.cat(next_obs) if isinstance(next_obs, tuple) else next_obs  # [35] joined in the stage
+        action, logprob, _, value = agent.get_action_and_value(next_obs, noise=noise)  # [35] noise drawn ahead
+    return action, logprob, value.flatten()
+
+
+# [5] GAE (Schulman et al. 2016), (num_steps, num_envs): dones[t] = 1 if obs[t] starts an episode
 # [28] V-trace, in the lines that differ: with `ratio` (pi_new / pi_old of the actions taken), Metta's PPO loss
 # (Espeholt et al., 2018): delta_t = rho_t (r_t + gamma V_t+1 (1 - d_t+1) - V_t) and A_t = delta_t + gamma lambda c_t
 # (1 - d_t+1) A_t+1, rho and c the ratio clipped at `rho_clip` and `c_clip`. Without it rho = c = 1: GAE, bit for bit
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda, ratio=None, rho_clip=1.0, c_clip=1.0):
     rho = torch.ones_like(rewards) if ratio is None else ratio.clamp(max=rho_clip)
     c = torch.ones_like(rewards) if ratio is None else ratio.clamp(max=c_clip)
-    nextvalues = torch.cat([values[1:], next_value.view(1, -1)])  # the value and the done after each step
+    nextvalues = torch.cat([values[1:], next_value.view(1, -1)])  # the value after each step
     nextnonterminal = 1.0 - torch.cat([dones[1:], next_done.view(1, -1)])
     advantages, lastgaelam = torch.zeros_like(rewards), 0
     for t in reversed(range(len(rewards))):
@@ -802,7 +831,7 @@ def clipped_policy_loss(logratio, advantages, clip_coef):
     return torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef))
 
 
-# [7] Value loss per sample: 0.5 max(clipped, unclipped) as in PPO2 and CleanRL (OpenAI's PPG code: no clip, no 0.5)
+# [7] Value loss per sample: 0.5 max(clipped, unclipped), as in PPO2 and CleanRL
 def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     v_loss_unclipped = (newvalue - returns) ** 2
     if clip_range_vf is None:
@@ -811,7 +840,7 @@ def clipped_value_loss(newvalue, oldvalue, returns, clip_range_vf):
     return 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2)
 
 
-# [8] Minibatches: a fresh shuffle of the whole batch every epoch, sent to the device once, not once per minibatch.
+# [8] Minibatches: a fresh shuffle of the batch every epoch, sent to the device once an epoch.
 def minibatch_indices(batch_size, minibatch_size, device):
     b_inds = torch.as_tensor(np.random.permutation(batch_size), device=device)
     return b_inds.split(minibatch_size)
@@ -830,7 +859,7 @@ def take(x, inds, dim=0):
 
 # [21] Behaviour cloning term of the auxiliary phase: KL(old policy || new policy).
 def policy_kl(old_logits, new_logits):
-    old, new = Categorical(logits=old_logits, validate_args=False), Categorical(logits=new_logits, validate_args=False)
+    old, new = (Categorical(logits=logits, validate_args=False) for logits in (old_logits, new_logits))
     return torch.distributions.kl_divergence(old, new).mean()
 
 
@@ -838,8 +867,8 @@ def policy_kl(old_logits, new_logits):
 def auxiliary_phase(
     agent, optimizer, aux_obs, aux_returns, args: Args, progress=lambda text: None, after=None, resume=None, stage=None
 ):
-    """E_aux epochs over the phase buffer (`aux_obs`: num_steps x rollouts x a frame, uint8; `aux_returns`: num_steps x
-    rollouts), `num_aux_rollouts` whole rollouts per minibatch; returns the mean losses."""
+    """E_aux epochs over the phase buffer (num_steps x rollouts), `num_aux_rollouts` whole
+    rollouts a minibatch; returns the mean of each statistic."""
     # [25] `after(epoch, state)` is called after each epoch with a function that returns the phase's state so far (for
     # a checkpoint); `resume`, such a state, continues the phase after its epoch; [36] `stage`: aux_minibatch compiled
     num_rollouts, mb_rollouts = aux_obs.shape[1], args.num_aux_rollouts // args.world_size  # [30] this process's share
@@ -848,14 +877,17 @@ def auxiliary_phase(
         chunks = [aux_obs[:, i : i + mb_rollouts] for i in range(0, num_rollouts, mb_rollouts)]
         old = (agent.get_pi(c.flatten(0, 1)).unflatten(0, c.shape[:2]) for c in chunks)  # not run on a resume [25]
         aux_logits = resume["logits"].to(aux_obs.device) if resume else torch.cat(list(old), dim=1)
-    stats = []
+    stats = {}  # each statistic's values, by name
     optimizer.zero_grad()
     # ── checkpoints [25]: the phase's state after an epoch, and a phase resumed from it ──
     if resume is not None:  # the losses so far (an epoch ends on an optimizer step: no gradients are pending)
-        stats = list(resume["stats"].to(aux_obs.device))
+        stats = {name: list(values.to(aux_obs.device)) for name, values in resume["stats"].items()}
 
     def state():
-        return {"logits": aux_logits.cpu(), "stats": torch.stack(stats).cpu()}
+        return {
+            "logits": aux_logits.cpu(),
+            "stats": {name: torch.stack(values).cpu() for name, values in stats.items()},
+        }
 
     # ── end checkpoints ──
     for _epoch in range(resume["epoch"] if resume else 0, args.e_auxiliary):
@@ -863,18 +895,19 @@ def auxiliary_phase(
         for i, mb_inds in enumerate(minibatches):
             step = (i + 1) % args.n_aux_grad_accum == 0  # the gradients of n_aux_grad_accum minibatches add up
             mb = [take(x, mb_inds, 1).flatten(0, 1) for x in (aux_obs, aux_returns, aux_logits)]  # [8] whole rollouts
-            stats.append((stage or aux_minibatch)(agent, optimizer, mb, step, args))
+            for name, value in (stage or aux_minibatch)(agent, optimizer, mb, step, args).items():
+                stats.setdefault(name, []).append(value)
             progress(f"auxiliary phase  epoch {_epoch + 1}/{args.e_auxiliary}  minibatch {i + 1}/{len(minibatches)}")
         # ── checkpoints [25]: between epochs, when one is due ──
         if after is not None:
             after(_epoch + 1, state)
         # ── end checkpoints ──
-    names = ("kl_loss", "aux_value_loss", "real_value_loss")  # as aux_minibatch's
-    return dict(zip(names, rank_reduce(torch.stack(stats).mean(0).tolist(), args.world_size), strict=True))  # [30]
+    means = torch.stack([torch.stack(values).mean() for values in stats.values()]).tolist()
+    return dict(zip(stats, rank_reduce(means, args.world_size), strict=True))  # [30]
 
 
 def aux_minibatch(agent, optimizer, mb, step, args: Args):
-    """Forward, the losses, backward on one auxiliary minibatch; with `step`, clipping, the step, zeroed gradients"""
+    """One auxiliary minibatch's backward; with `step`, clipping, the step and zeroed gradients."""
     m_obs, m_returns, m_logits = mb
     new_pi, new_value, new_aux_value = agent.get_pi_value_and_aux_value(m_obs)
     kl_loss = policy_kl(m_logits, new_pi.logits)
@@ -887,7 +920,8 @@ def aux_minibatch(agent, optimizer, mb, step, args: Args):
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()
-    return torch.stack([kl_loss, aux_value_loss, real_value_loss]).detach()
+    stats = dict(kl_loss=kl_loss, aux_value_loss=aux_value_loss, real_value_loss=real_value_loss)
+    return {name: value.detach() for name, value in stats.items()}
 
 
 # ── prioritised sampling [29] of env segments (Metta's PPO loss; Schaul et al., 2016) ──
@@ -938,20 +972,10 @@ def weighted_mean(x, weights=None):
 # ── end prioritised sampling ──
 
 
-# The loop's three stages (as LeanRL and purejaxrl cut theirs): the policy step, the advantages (`compute_gae`) and one
-# update minibatch. None branches on data or reads a number back to the host: the full files compile each whole.
-def policy_step(agent, next_obs, noise=None):
-    """Observation in; the sampled action, its log-probability and the value out."""
-    with torch.no_grad():
-        next_obs = torch.cat(next_obs) if isinstance(next_obs, tuple) else next_obs  # [35] joined in the stage
-        action, logprob, _, value = agent.get_action_and_value(next_obs, noise=noise)  # [35] noise drawn ahead
-    return action, logprob, value.flatten()
-
-
 def update_minibatch(agent, optimizer, mb, epoch, args: Args):
-    """Forward, the losses, backward, clipping and the optimizer's step on one minibatch; its statistics, on device"""
+    """One minibatch's step; the `stats` (on the device) are logged by name."""
     mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, mb_weights, mb_vtrace = mb  # [29], [28]
-    # ── per-minibatch advantages [15]: baselines' PPO2's normalisation (numpy's std: the population's) ──
+    # ── per-minibatch advantages [17]: baselines' PPO2's normalisation (numpy's std: the population's) ──
     if args.norm_adv_minibatch:
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std(correction=0) + 1e-8)
     # ── end per-minibatch advantages ──
@@ -972,7 +996,7 @@ def update_minibatch(agent, optimizer, mb, epoch, args: Args):
             clips = (args.vtrace_rho_clip, args.vtrace_c_clip)  # a segment, as in the rollout
             gae = compute_gae(r, v, d, mb_next_value, mb_next_done, args.gamma, args.gae_lambda, rho, *clips)
             mb_advantages = gae[0].view(-1)
-            if args.norm_adv:  # [15] Metta normalises each minibatch's V-trace advantages
+            if args.norm_adv:  # [17] Metta normalises each minibatch's V-trace advantages
                 mb_mean, mb_std = global_mean_std(mb_advantages, args.world_size)
                 mb_advantages = (mb_advantages - mb_mean) / (mb_std + 1e-8)
             rho_clipped.add_((ratio > args.vtrace_rho_clip).float().mean())
@@ -981,37 +1005,39 @@ def update_minibatch(agent, optimizer, mb, epoch, args: Args):
     # [29] The importance weights reach the policy loss alone, as in Metta's (its value loss is a plain mean).
     pg_loss = weighted_mean(clipped_policy_loss(logratio, mb_advantages, args.clip_coef), mb_weights)
     v_loss = clipped_value_loss(newvalue[:, 0], mb_values, mb_returns, args.clip_range_vf).mean()
-    entropy_loss = entropy.mean()  # [16] entropy bonus, keeps exploring
-    # [24] E_pi policy and E_V value epochs share their minibatch passes; past E_pi (or E_V) that loss is left out: what
-    # only it reaches gets no gradient (None) and Adam skips it (zero gradients, and Adam's momentum would move it)
+    entropy_loss = entropy.mean()  # [9] entropy bonus, keeps exploring
+    # [23] E_pi and E_V epochs share their passes; past E_pi (or E_V) that loss is left out: what
+    # only it reaches gets no gradient (None), and Adam leaves it be
     loss = torch.zeros((), device=mb_values.device)
     if epoch < args.e_policy:
         loss = loss + pg_loss - args.ent_coef * entropy_loss
     if epoch < args.v_value:
         loss = loss + v_loss * args.vf_coef
+    stats = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss, approx_kl=approx_kl)
+    stats |= dict(old_approx_kl=old_approx_kl, clipfrac=clipfrac)
     # ── RND [33]: the predictor learns on a random share of each minibatch ──
     if args.intrinsic_coef > 0:
         share = torch.rand(len(mb_obs), device=mb_obs.device) < args.rnd_update_proportion
         rnd_loss = (agent.rnd.prediction_error(mb_obs) * share).sum() / share.sum().clamp(min=1)
         loss = loss + rnd_loss
-        agent.rnd.last_loss.copy_(rnd_loss.detach())  # in place: a compiled stage returns only the lean's statistics
+        stats["rnd_loss"] = rnd_loss  # logged as losses/rnd_loss
     # ── end RND ──
     optimizer.zero_grad()
     loss.backward()
     all_reduce_grads(agent.parameters(), args.world_size)  # [30]
-    # [17] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
+    # [10] Global gradient-norm clipping, as in CleanRL (OpenAI's PPG code does not clip).
     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
-    return torch.stack([v_loss, pg_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+    return {name: value.detach() for name, value in stats.items()}
 
 
 def log_episodes(episodes, infos, global_step, tag):
-    """[9] Keep every episode that ended in a step, not only the first; they are logged once per iteration."""
+    """[11] Keep every episode that ended in a step, not only the first."""
     for i in np.flatnonzero(infos.get("_episode", [])):
         episodes.append((tag, global_step, float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])))
 
 
-# ── one event per episode [9] ──
+# ── one event per episode [11] ──
 def write_episode(writer, tag, step, r, l):
     """An episode's `charts/{tag}episodic_return` and `..._length` in one event: what two `add_scalar` calls log, in
     half the events. The event writer's thread checksums every event in pure Python and holds the GIL meanwhile: 850
@@ -1485,9 +1511,9 @@ def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args: A
     lr = args.learning_rate * (1.0 - (ckpt["iteration"] - 1.0) / args.num_iterations if args.anneal_lr else 1.0)
     for opt in (optimizer, aux_optimizer or optimizer):
         for group in opt.param_groups:  # Adam's saved settings give way to the flags (the checkpoint's, or given)
-            group["lr"], group["eps"], group["capturable"] = lr, args.adam_eps, False  # see PPO's
-            # [14] the rate of the checkpoint's iteration, whose
-            # auxiliary phase a resume may finish first
+            # [16] the rate of the checkpoint's iteration (whose auxiliary phase a PPG resume may finish first); not
+            # capturable, as a compiled GPU run's was: compiled_stages sets it again where this run compiles
+            group["lr"], group["eps"], group["capturable"] = lr, args.adam_eps, False
     mine = ckpt["ranks"][args.rank]  # what belongs to this process: its envs and random states
     set_env_state(envs, mine["envs"])
     if mine.get("intrinsic_return") is not None:  # [33] this process's envs' running returns, not rank 0's
@@ -1513,7 +1539,7 @@ def write_checkpoint(run_name, iteration, global_step, agent, optimizers, mine, 
     state = {
         "script": SCRIPT, "args": given, "run_name": run_name, "iteration": iteration, "global_step": global_step,
         "model": agent.state_dict(), "optimizer": optimizers[0].state_dict(), "ranks": ranks,
-        "aux_optimizer": optimizers[1].state_dict() if optimizers[1] is not optimizers[0] else None,
+        "aux_optimizer": optimizers[-1].state_dict() if optimizers[-1] is not optimizers[0] else None,
         "recent_returns": list(recent[0]), "recent_test_returns": list(recent[1]), "aux_epoch": aux_epoch,
     }  # fmt: skip
     path = save_checkpoint(f"runs/{run_name}", checkpoint_name(iteration, aux_epoch), state, args.keep_checkpoints,
@@ -1626,7 +1652,7 @@ def evaluate_saved(args: Args):
     path, ckpt = load_checkpoint(args.eval_only, "eval-only")
     if isinstance(ckpt, dict) and "model" in ckpt:
         check_checkpoint(path, ckpt, args, NETWORK_FLAGS, "eval-only")
-    agent = Agent((64, 64, 3), 15, args.feature_dim, args.init_fn, args.arch, args.hidden_dim, args.cnn_channels)
+    agent = Agent((64, 64, 3), 15, init_fn=args.init_fn, **{flag: getattr(args, flag) for flag in NETWORK_FLAGS})
     load_weights(agent, path, "eval-only")
     device = torch.device(args.device)
     agent = agent.to(device)
@@ -1713,7 +1739,7 @@ def train(args: Args):
     args.num_phases = args.total_timesteps // (args.batch_size * args.n_iteration)
     args.num_iterations = args.num_phases * args.n_iteration
     if args.tune_malloc:
-        tune_allocator()  # [10] speed only
+        tune_allocator()  # [12] speed only
     # ── divergence guard [26]: a non-finite network output must reach the guard, not raise in torch.distributions ──
     torch.distributions.Distribution.set_default_validate_args(False)
     # ── end divergence guard ──
@@ -1741,8 +1767,8 @@ def train(args: Args):
     if args.track and args.rank == 0:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
-                   name=run_name, monitor_gym=True, save_code=True)  # fmt: skip
+        kwargs = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=run_name)
+        wandb.init(**kwargs, sync_tensorboard=True, config=vars(args), monitor_gym=True, save_code=True)
     # on resume, the log continues: events after the checkpoint's step, left by the interrupted run, are dropped (all
     # of them where a restarted torchrun job starts anew in its directory, having no checkpoint)
     purge_step = ckpt["global_step"] + 1 if ckpt else 0
@@ -1753,20 +1779,22 @@ def train(args: Args):
     )
     table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+    # ── the console: what runs where ──
     console(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on {device}; "
             f"logs in runs/{run_name} (tensorboard --logdir runs)")  # fmt: skip
+    # ── end the console ──
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
     np.random.seed(args.seed + args.rank)  # [30] each process shuffles its own minibatches
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    torch.backends.cudnn.benchmark = not args.torch_deterministic  # GPUs only: set either way, torch's defaults vary
+    torch.backends.cudnn.benchmark = not args.torch_deterministic
 
-    # env setup: [11] training levels [start_level, start_level + num_levels), held-out test envs on all levels
+    # env setup: [13] the training levels; test envs on all levels
     env_seed = args.seed + 7919 * args.rank  # [30] every process plays its own levels
     envs = make_envs(args.local_num_envs, env_seed, args.num_levels, args.start_level, args)
-    if args.norm_reward:  # [12] scaled by the std of the discounted return (OpenAI's PPG code: gamma 0.99), clipped
+    if args.norm_reward:  # [14] divided by the discounted return's std, clipped
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.norm_reward_gamma or args.gamma)
         envs = gym.wrappers.vector.TransformReward(envs, lambda r: np.clip(r, -args.clip_reward, args.clip_reward))
     if args.eval_interval > 0:
@@ -1774,19 +1802,20 @@ def train(args: Args):
         test_envs = make_envs(args.num_eval_envs // args.world_size, env_seed + 1_000_003, 0, 0, args, video_dir)
         test_obs = torch.as_tensor(test_envs.reset()[0], device=device)
 
-    agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n, args.feature_dim, args.init_fn,
-                  args.arch, args.hidden_dim, args.cnn_channels)  # fmt: skip
+    num_actions, arch = envs.single_action_space.n, args.arch
+    agent = Agent(envs.single_observation_space.shape, num_actions, args.feature_dim, args.init_fn, arch,
+                  args.hidden_dim, args.cnn_channels)  # fmt: skip
     # ── the agent's options [31], [33], [35], [36] ──
     agent_options(agent, envs, test_envs if args.eval_interval > 0 else None, args)
-    agent = agent.to(device, memory_format=torch.channels_last)  # as the frames come (NHWC): no conversions
     # ── end the agent's options ──
+    agent = agent.to(device, memory_format=torch.channels_last)  # NHWC, as the frames
     # ── torchrun [30]: the same starting weights everywhere, but each process samples its own actions ──
     if args.world_size > 1:
         for p in agent.parameters():
             dist.broadcast(p.data, src=0)
         torch.manual_seed(args.seed + args.rank)
     # ── end torchrun ──
-    # [13] Adam with epsilon 1e-5 as in baselines' PPO2 and CleanRL's PPO (OpenAI's PPG code: PyTorch's 1e-8).
+    # [15] Adam epsilon 1e-5 as in PPO2 and CleanRL (OpenAI's PPG code: 1e-8)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     # ── separate auxiliary optimizer: the auxiliary phase's own Adam, so each phase's steps scale by its own moments ──
     aux_optimizer = optimizer
@@ -1795,23 +1824,24 @@ def train(args: Args):
     optimizers = (optimizer, aux_optimizer)  # what a checkpoint saves
     # ── end separate auxiliary optimizer ──
 
-    # ALGO Logic: Storage setup; observations stay uint8 until the network converts them
+    # ALGO Logic: Storage setup; observations stay uint8
     obs = torch.zeros((args.num_steps, *envs.observation_space.shape), dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, envs.num_envs), dtype=torch.long, device=device)
     logprobs, rewards, dones, values = (torch.zeros((args.num_steps, envs.num_envs), device=device) for _ in range(4))
     to_device = ToDevice(device)  # [34] pinned copies
-    # [23] The phase buffer: every observation of a phase, kept as uint8 for the auxiliary phase.
-    aux_obs = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration, *envs.single_observation_space.shape),
-                          dtype=torch.uint8, device=device)  # fmt: skip
-    aux_returns = torch.zeros((args.num_steps, envs.num_envs * args.n_iteration), device=device)
-    console(f"phase buffer: {aux_obs.nbytes / 2**30:.2f} GiB on {device}")
+    # [24] The phase buffer: every observation of a phase, as uint8, for the auxiliary phase
+    aux_shape = (args.num_steps, envs.num_envs * args.n_iteration)
+    aux_obs = torch.zeros((*aux_shape, 64, 64, 3), dtype=torch.uint8, device=device)
+    aux_returns = torch.zeros(aux_shape, device=device)
 
     # TRY NOT TO MODIFY: start the game
     global_step = 0
+    # ── Ctrl-C before the checkpoints' handler: one line, no traceback ──
     signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped; runs/{run_name} has what finished"))
-    next_obs = torch.as_tensor(envs.reset()[0], device=device)  # procgen's levels were seeded when it was made
+    # ── end Ctrl-C ──
+    next_obs = torch.as_tensor(envs.reset()[0], device=device)
     next_done = torch.zeros(envs.num_envs, device=device)
-    recent_returns, recent_test_returns, start_time = deque(maxlen=100), deque(maxlen=100), time.time()  # the console
+    recent_returns, recent_test_returns, start_time = deque(maxlen=100), deque(maxlen=100), time.time()
     # ── checkpoints [25]: continue exactly: weights, optimizer, games, wrapper statistics, random states, counters ──
     start_iteration = 1
     if ckpt:
@@ -1820,7 +1850,7 @@ def train(args: Args):
         next_obs, next_done = mine["next_obs"].to(device), mine["next_done"].to(device)
         if tests is not None and mine["test_obs"] is not None:
             test_obs = mine["test_obs"].to(device)
-        aux_obs[:, : mine["aux_obs"].shape[1]] = mine["aux_obs"].to(device)  # [23] the phase so far
+        aux_obs[:, : mine["aux_obs"].shape[1]] = mine["aux_obs"].to(device)  # [24] the phase so far
         aux_returns[:, : mine["aux_returns"].shape[1]] = mine["aux_returns"].to(device)
         global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
     stop = GracefulStop()
@@ -1830,7 +1860,8 @@ def train(args: Args):
         next_obs, next_done = warm_up_rnd(agent.rnd, envs, next_obs, args)
     # ── end RND ──
     # ── torch.compile [36]: the loop's stages, each compiled whole (or as they are) ──
-    policy_step, compute_gae, update_minibatch, aux_minibatch = compiled_stages(optimizers, device, args)
+    names = ("policy_step", "compute_gae", "update_minibatch", "aux_minibatch")
+    policy_step, compute_gae, update_minibatch, aux_minibatch = compiled_stages(names, optimizers, device, args)
     # ── end torch.compile ──
     start_time, start_step = time.time(), global_step  # [25] the steps per second count from here, on a resume too
     # ── the status line: drawn by `progress`, on rank 0's terminal only ──
@@ -1848,7 +1879,7 @@ def train(args: Args):
     # ── checkpoints [25]: after an iteration, and inside an auxiliary phase after an epoch ──
     def my_part(filled):
         """This process's part of a checkpoint: its games, random states, next observations, and the first `filled`
-        rollouts of the phase buffer [23] (some inside a phase, none at its end, all inside its auxiliary phase)."""
+        rollouts of the phase buffer [24] (some inside a phase, none at its end, all inside its auxiliary phase)."""
 
         def phase(x):  # a copy of a part: a view would save the whole 6 GiB storage (on CPU `.cpu()` is a view)
             return x.cpu() if filled == x.shape[1] else x[:, :filled].cpu().clone()
@@ -1913,7 +1944,7 @@ def train(args: Args):
         where = f"iter {iteration}/{args.num_iterations}"  # the status line
         last_good = {"iteration": iteration - 1, "model": copy.deepcopy(agent.state_dict()),
                      "optimizer": copy.deepcopy(optimizer.state_dict())}  # fmt: skip  # [26] divergence guard
-        if args.anneal_lr:  # [14] learning-rate annealing over the whole run
+        if args.anneal_lr:  # [16] over the whole run
             frac = 1.0 - (iteration - 1.0) / args.num_iterations
             lrnow = frac * args.learning_rate
             set_lr(optimizer, lrnow)  # [36] in place where it is a device tensor
@@ -1955,8 +1986,8 @@ def train(args: Args):
             episodes += [(tag, global_step, r, l) for tag, _, r, l in policy.test_episodes]
         # ── end folded and pipelined rollouts ──
         eval_start = time.perf_counter()  # [32]
-        if eval_now and not folded:  # [11] held-out levels, the same policy (or [35] folded into the rollout)
-            # their actions from a generator of their own, seeded anew each time: training's stay as they were
+        if eval_now and not folded:  # [13] the same policy (or [35] folded into the rollout)
+            # test actions from their own generator: training's draws stay the same
             with torch.random.fork_rng([device] if device.type == "cuda" else []):
                 torch.manual_seed(args.seed + 1_000_003 + iteration)
                 for _ in range(args.num_steps):
@@ -1977,19 +2008,18 @@ def train(args: Args):
         with torch.no_grad():
             next_value = agent.get_value(next_obs).reshape(1, -1)
         advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
-
-        # [23] Keep the rollout for the auxiliary phase, in the slot of this iteration of the phase.
-        slot = (iteration - 1) % args.n_iteration
-        aux_obs[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = obs
-        aux_returns[:, slot * envs.num_envs : (slot + 1) * envs.num_envs] = returns
         # flatten the batch
         b_obs = obs.reshape((-1, *envs.single_observation_space.shape))
         b_logprobs, b_actions, b_values = logprobs.reshape(-1), actions.reshape(-1), values.reshape(-1)
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
-        # [15] Advantages normalised over the whole batch, once (OpenAI's PPG code), not per minibatch (CleanRL's PPO).
+        # [17] Advantages normalised over the batch (OpenAI's PPG code), not per minibatch (CleanRL)
         if args.norm_adv:
             b_mean, b_std = global_mean_std(b_advantages, args.world_size)  # [30] over all processes' batches
             b_advantages = (b_advantages - b_mean) / (b_std + 1e-8)
+        # [24] The rollout, kept for the auxiliary phase in this iteration's slot of the phase
+        slot = (iteration - 1) % args.n_iteration * envs.num_envs
+        aux_obs[:, slot : slot + envs.num_envs] = obs
+        aux_returns[:, slot : slot + envs.num_envs] = returns
 
         # Optimizing the policy and value network
         clipfracs, batch = [], (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)
@@ -2010,14 +2040,17 @@ def train(args: Args):
             for mb_inds, mb_weights in minibatches(advantages, args, beta):  # [29]
                 mb_vtrace = vtrace and vtrace_part(vtrace, mb_inds, rho_clipped)  # [28] None without V-trace
                 mb = [*(take(x, mb_inds) for x in batch), mb_weights, mb_vtrace]  # [8]
-                mb_stats = update_minibatch(agent, optimizer, mb, epoch, args)
-                clipfracs.append(mb_stats[5])  # kept on the device, read once when logged: no sync per minibatch
+                stats = update_minibatch(agent, optimizer, mb, epoch, args)
+                clipfracs.append(stats["clipfrac"])
                 if mb_weights is not None:  # [29]
                     mb_weight_means.append(mb_weights.mean())
                 progress(f"{where}  update, epoch {epoch + 1}")
 
-            # [18] Early stop of the epochs once the policy moved too far, when `target_kl` is set.
-            if args.target_kl is not None and rank_reduce([mb_stats[4].item()], args.world_size)[0] > args.target_kl:
+            # [18] Early stop once the policy moved too far
+            if (
+                args.target_kl is not None
+                and rank_reduce([stats["approx_kl"].item()], args.world_size)[0] > args.target_kl
+            ):
                 break
 
         y_pred, y_true = b_values.cpu().numpy(), b_returns.cpu().numpy()
@@ -2026,48 +2059,53 @@ def train(args: Args):
         explained_var = np.nan if var_y == 0 else 1 - np.var(y_true - y_pred) / var_y
 
         # TRY NOT TO MODIFY: record rewards for plotting purposes
-        mb_stats[5] = torch.stack(clipfracs).mean()  # over the whole update; the losses and KLs: the last minibatch's
-        names = "value_loss policy_loss entropy old_approx_kl approx_kl clipfrac".split()  # as update_minibatch's
-        stats = {f"losses/{name}": value for name, value in zip(names, mb_stats.tolist(), strict=True)}
-        stats |= {"losses/explained_variance": explained_var, "charts/learning_rate": optimizer.param_groups[0]["lr"]}
+        stats["clipfrac"] = torch.stack(clipfracs).mean()  # the rest: the last minibatch's
+        # ── the features' statistics [28], [29], [33] ──
         if args.vtrace:  # [28] the share of importance ratios above the clip, over the minibatches
-            stats["losses/vtrace_rho_clipfrac"] = (rho_clipped / len(clipfracs)).item()
-        if args.intrinsic_coef > 0:  # [33] the mean normalised intrinsic reward, and the predictor's loss
-            stats["charts/intrinsic_reward"], stats["losses/rnd_loss"] = (
-                intrinsic.mean().item(),
-                agent.rnd.last_loss.item(),
-            )
+            stats["vtrace_rho_clipfrac"] = rho_clipped / len(clipfracs)
         if args.prio_alpha > 0:  # [29] the mean importance weight of the sampled segments
-            stats["losses/prio_mean_weight"] = torch.stack(mb_weight_means).mean().item()
+            stats["prio_mean_weight"] = torch.stack(mb_weight_means).mean()
+        if args.intrinsic_coef > 0:  # [33] the mean normalised intrinsic reward (the predictor's loss: `rnd_loss`)
+            stats["intrinsic_reward"] = intrinsic.mean()
+        # ── end the features' statistics ──
+        read = torch.stack(list(stats.values())).tolist()  # one read from the device
+        logged = {f"losses/{name}": value for name, value in zip(stats, read, strict=True)}
+        logged["losses/explained_variance"] = explained_var
+        logged["charts/learning_rate"] = optimizer.param_groups[0]["lr"]
+        # ── the features' statistics [29], [33] ──
+        if args.intrinsic_coef > 0:
+            logged["charts/intrinsic_reward"] = logged.pop("losses/intrinsic_reward")
+        if args.prio_alpha > 0:
             writer.add_scalar("charts/prio_beta", beta, global_step)
-        for tag, value in zip(stats, rank_reduce(list(stats.values()), args.world_size), strict=True):  # [30]
+        # ── end the features' statistics ──
+        for tag, value in zip(logged, rank_reduce(list(logged.values()), args.world_size), strict=True):  # [30]
             writer.add_scalar(tag, value, global_step)
         parts = {"env": env_time, "inference": inference_time, "eval": eval_time, "update": update_time}  # [32]
         for part, seconds in {**parts, "iteration": time.time() - iteration_start}.items():
             writer.add_scalar(f"perf/{part}_seconds", seconds, global_step)  # rank 0's
         episodes = [e for rank_episodes in gather_objects(episodes, args.world_size) for e in rank_episodes]  # [30]
         for tag, step, r, l in episodes:
-            write_episode(writer, tag, step, r, l)  # [9] the two scalars, in one event
+            write_episode(writer, tag, step, r, l)  # [11] the two scalars, in one event
             (recent_test_returns if tag else recent_returns).append(r)
         sps = (global_step - start_step) / (time.time() - start_time)
         writer.add_scalar("charts/SPS", int(sps), global_step)
-        writer.flush()  # this iteration on disk before it is reported: a stop (Ctrl-C, a kill) loses none of it
+        writer.flush()  # on disk before the console line
         report(iteration, global_step, sps, time.time() - iteration_start, (recent_returns, recent_test_returns), args)
 
         # [22] The auxiliary phase closes each phase of n_iteration policy iterations.
         if iteration % args.n_iteration == 0:
-            aux_start = time.time()
+            aux_start = time.time()  # [32]
             aux_stats = auxiliary_phase(
                 agent, aux_optimizer, aux_obs, aux_returns, args, progress, checkpoint_inside_aux, stage=aux_minibatch
             )
             writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # [32]
-            for key, value in aux_stats.items():
-                writer.add_scalar(f"losses/aux/{key}", value, global_step)
-            console(f"phase {iteration // args.n_iteration}/{args.num_phases}  aux {time.time() - aux_start:.1f}s  "
-                    + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items()))  # fmt: skip
+            for name, value in aux_stats.items():
+                writer.add_scalar(f"losses/aux/{name}", value, global_step)
+            losses = "  ".join(f"{name} {value:.4f}" for name, value in aux_stats.items())
+            print(f"phase {iteration // args.n_iteration}/{args.num_phases}  {losses}", flush=True)
 
         # ── divergence guard [26]: a non-finite loss or parameter stops the run before it reaches a checkpoint ──
-        losses = {f"losses/{name}": mb_stats[names.index(name)] for name in ("policy_loss", "value_loss", "entropy")}
+        losses = {f"losses/{name}": stats[name] for name in ("policy_loss", "value_loss", "entropy")}
         if diverged(agent, losses, last_good, run_name, iteration, given, args):
             writer.close()
             raise SystemExit(3)
@@ -2085,6 +2123,9 @@ def train(args: Args):
     if args.eval_interval > 0:
         test_envs.close()
     writer.close()
+    # ── Ctrl-C: Python's own handler again ──
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # ── end Ctrl-C ──
     if args.save_model and args.rank == 0:
         save_model(agent, f"runs/{run_name}/{args.exp_name}.cleanrl_model")
     # ── what the run was asked to keep [25]: its last checkpoint and its model file, or exit status 4 ──
@@ -2093,14 +2134,70 @@ def train(args: Args):
     return run_name
 
 
-# What train() needs that is not the algorithm: the allocator, Ctrl-C, the console line and the model file.
 def tune_allocator():
-    """One glibc heap, never trimmed or unmapped: the update's large buffers are reused, not mapped anew each time."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
-        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX 0, M_TRIM_THRESHOLD max, M_ARENA_MAX 1
+    """[12] One glibc heap, never trimmed: big buffers reused, not mapped anew (2x on a CPU)"""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        for option, value in ((-4, 0), (-1, 2**31 - 1), (-8, 1)):  # M_MMAP_MAX, M_TRIM_THRESHOLD, M_ARENA_MAX
             ctypes.CDLL("libc.so.6").mallopt(option, value)
 
 
+# ── the algorithm's rules (PPG): its flags' rules and warnings, its checks across flags, its memory ──
+ALGORITHM_RULES = {
+    ("total_timesteps",): (
+        "must hold one phase of --num-envs x --num-steps x --n-iteration",
+        lambda v, a: v >= a.num_envs * a.num_steps * a.n_iteration,
+    ),
+    ("n_iteration", "e_policy", "v_value", "e_auxiliary", "num_aux_rollouts", "n_aux_grad_accum"): (
+        "must be positive",
+        lambda v, a: v > 0,
+    ),
+    ("beta_clone",): ("must be >= 0", lambda v, a: v >= 0),
+}
+ALGORITHM_WARNINGS = {
+    ("total_timesteps",): (
+        "over 1% is not run: whole phases only",
+        lambda v, a: v % (a.num_envs * a.num_steps * a.n_iteration) > v / 100,
+    ),
+}
+
+
+def check_algorithm(args: Args):
+    """The auxiliary phase's minibatches: whole rollouts of a phase, shared among the processes."""
+    if (args.num_envs * args.n_iteration) % (args.num_aux_rollouts * args.n_aux_grad_accum):
+        arg_error("num-aux-rollouts", f"x --n-aux-grad-accum must divide the {args.num_envs * args.n_iteration} "
+                  "rollouts of a phase", args.num_aux_rollouts)  # fmt: skip
+    if args.n_aux_grad_accum > 1 and args.compile == "reduce-overhead":  # [36] a replay overwrites the graph's .grad
+        rule = "adds gradients across compiled calls, which CUDA graphs overwrite: with --compile reduce-overhead"
+        arg_error("n-aux-grad-accum", f"{rule} it must be 1 (or use --compile default)", args.n_aux_grad_accum)
+    if args.num_aux_rollouts % args.world_size:
+        arg_error(
+            "num-aux-rollouts", f"must divide among the {args.world_size} processes of torchrun", args.num_aux_rollouts
+        )
+
+
+def memory_needed(args: Args, minibatch_size):
+    """This process's bytes, and the flags that size them: the rollout (a uint8 frame, 6 numbers a step), the phase
+    buffer [24] (a frame, a return a step), the activations of a policy or an auxiliary minibatch (1.5 MiB a sample a
+    network), games (0.3 MiB each)."""
+    work = max(minibatch_size, args.num_aux_rollouts * args.num_steps) * (2 if args.arch == "dual" else 1)
+    need = args.local_batch_size * 12312 + phase_buffer_bytes(args)  # [30] this process's share
+    need += (1.5 * work + 0.3 * (args.num_envs + args.num_eval_envs) / args.world_size) * 2**20
+    sizes = (f"num-envs {args.num_envs} x --num-steps {args.num_steps} / --num-minibatches {args.num_minibatches}, "
+             f"--n-iteration {args.n_iteration}, --num-aux-rollouts {args.num_aux_rollouts}, "
+             f"--num-eval-envs {args.num_eval_envs}")  # fmt: skip
+    return need, sizes
+
+
+def phase_buffer_bytes(args: Args) -> int:
+    """[24] The bytes of this process's phase buffer: observations as uint8, and the returns."""
+    return args.num_steps * (args.num_envs // args.world_size) * args.n_iteration * (64 * 64 * 3 + 4)
+
+
+# ── end the algorithm's rules (PPG) ──
+
+
+# ── the full files' plumbing ──: the console line, a model write that fails in one line, every flag's rule and the
+# memory a run needs (checked before anything is built or written), the output directories
 def report(iteration, global_step, sps, took, recent, args: Args):
     """The iteration's console line: steps, speed, time left, the means of the last 100 training and test returns."""
     left = (args.num_iterations * args.batch_size - global_step) / sps / 60
@@ -2123,7 +2220,6 @@ def save_model(agent, model_path):
     console(f"model saved to {model_path}")
 
 
-# Command-line plumbing: every flag's rule, checked before anything is built or written, and the output directories.
 RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal: its type
     ("exp_name", "wandb_project_name", "wandb_entity"): ("must not contain /", lambda v, a: "/" not in (v or "")),
     ("seed",): ("must be in [0, 2^30]: procgen's seeds are 31-bit, test envs add 1e6", lambda v, a: 0 <= v <= 2**30),
@@ -2132,7 +2228,7 @@ RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all fl
     ("distribution_mode",): ("is not made for this game", lambda v, a: a.env_id in MODE_GAMES.get(v, a.env_id).split()),
     ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
     ("num_envs", "num_eval_envs", "num_steps", "feature_dim"): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
-    # ── the rules of the features' flags ──
+    # the rules of the features' flags
     ("env_threads",): ("must be in [0, 256]", lambda v, a: 0 <= v <= 256),
     ("minibatch_size",): (
         "must divide --num-envs x --num-steps, or None",
@@ -2154,34 +2250,22 @@ RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all fl
     ("rnd_obs_norm_steps",): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
     ("pretraining",): ("needs an intrinsic reward: --intrinsic-coef > 0", lambda v, a: not v or a.intrinsic_coef > 0),
     ("backend",): ("must be gloo, nccl or None", lambda v, a: v in (None, "gloo", "nccl")),
-    # ── end the rules of the features' flags ──
-    ("total_timesteps",): (
-        "must hold one phase of --num-envs x --num-steps x --n-iteration",
-        lambda v, a: v >= a.num_envs * a.num_steps * a.n_iteration,
-    ),
+    **ALGORITHM_RULES,
     ("learning_rate",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
     ("adam_eps",): ("must be in (0, 1)", lambda v, a: 0 < v < 1),
     ("gamma", "gae_lambda"): ("must be in [0, 1]", lambda v, a: 0 <= v <= 1),
     ("num_minibatches",): ("must divide the batch", lambda v, a: v > 0 and a.num_envs * a.num_steps % v == 0),
-    ("clip_coef", "max_grad_norm", "clip_reward", "n_iteration"): ("must be positive", lambda v, a: v > 0),
-    ("e_policy", "v_value", "e_auxiliary", "num_aux_rollouts", "n_aux_grad_accum"): (
-        "must be positive",
-        lambda v, a: v > 0,
-    ),
-    ("beta_clone",): ("must be >= 0", lambda v, a: v >= 0),
+    ("clip_coef", "max_grad_norm", "clip_reward"): ("must be positive", lambda v, a: v > 0),
     ("ent_coef", "vf_coef"): ("must be >= 0", lambda v, a: v >= 0),
     ("clip_range_vf", "target_kl"): ("must be positive, or None: off", lambda v, a: v is None or v > 0),
     ("track",): ("needs wandb: pip install wandb", lambda v, a: not v or importlib.util.find_spec("wandb")),
     ("capture_video",): ("records the test env: needs --eval-interval > 0", lambda v, a: not v or a.eval_interval > 0),
 }
 WARNINGS = {  # legal, but almost always a mistake: one line says why, and the run goes on
-    ("total_timesteps",): (
-        "over 1% is not run: whole phases only",
-        lambda v, a: v % (a.num_envs * a.num_steps * a.n_iteration) > v / 100,
-    ),
+    **ALGORITHM_WARNINGS,
     ("eval_interval",): ("is more than the iterations", lambda v, a: v * a.num_envs * a.num_steps > a.total_timesteps),
     ("learning_rate",): ("is far above the 1e-4 to 1e-3 that Adam is used with", lambda v, a: v > 0.01),
-    # ── the warnings of the features' flags ──
+    # the warnings of the features' flags
     ("checkpoint_interval",): (
         "is more than the iterations: only a signal writes a checkpoint",
         lambda v, a: v * a.num_envs * a.num_steps > a.total_timesteps,
@@ -2200,7 +2284,6 @@ WARNINGS = {  # legal, but almost always a mistake: one line says why, and the r
     ("norm_reward_gamma",): ("has no effect without --norm-reward", lambda v, a: v is not None and not a.norm_reward),
     ("eval_episodes",): ("has no effect without --eval-only", lambda v, a: v != Args.eval_episodes and not a.eval_only),
     ("eval_train_levels",): ("has no effect without --eval-only", lambda v, a: v and not a.eval_only),
-    # ── end the warnings of the features' flags ──
 }
 
 
@@ -2211,7 +2294,7 @@ def arg_error(flag: str, rule: str, value=None):
     sys.exit(2)
 
 
-def check_args(args: Args) -> None:
+def check_every_flag(args: Args) -> None:
     """Stop at the first flag that breaks its rule, or at sizes that do not fit in memory; then warn of odd flags."""
     if args.minibatch_size:  # rllte's way to size minibatches: it sets num_minibatches
         args.num_minibatches = max(args.num_envs * args.num_steps // args.minibatch_size, 1)
@@ -2223,7 +2306,7 @@ def check_args(args: Args) -> None:
                 arg_error(flag, rule if finite else "must be a finite number", value)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = auto if args.device == "auto" else args.device
-    # ── torchrun [30]: a process's `cuda` is its local rank's GPU, set before anything touches a GPU ──
+    # torchrun [30]: a process's `cuda` is its local rank's GPU, set before anything touches a GPU
     local_rank = int(os.environ.get("LOCAL_RANK", "-1"))
     if local_rank >= 0 and device.startswith("cuda") and torch.cuda.is_available():
         if device != "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every process on one GPU
@@ -2234,7 +2317,6 @@ def check_args(args: Args) -> None:
         if device == "cuda":  # one process given `cuda:N` keeps it
             torch.cuda.set_device(local_rank)
             device = f"cuda:{local_rank}"
-    # ── end torchrun ──
     try:  # the device must work on this machine and in this torch build
         args.device = str(torch.zeros(0, device=device).device)
     except (RuntimeError, AssertionError, NotImplementedError) as exc:  # a bad name, no such GPU, no CUDA build
@@ -2243,19 +2325,12 @@ def check_args(args: Args) -> None:
         arg_error("backend", f"reduces GPU tensors: needs a CUDA --device, not {args.device} (gloo on CPU)", "nccl")
     batch_size = args.num_envs * args.num_steps  # as train() works it out: the checks run first
     minibatch_size = batch_size // args.num_minibatches
-    if (args.num_envs * args.n_iteration) % (args.num_aux_rollouts * args.n_aux_grad_accum):
-        arg_error("num-aux-rollouts", f"x --n-aux-grad-accum must divide the {args.num_envs * args.n_iteration} "
-                  "rollouts of a phase", args.num_aux_rollouts)  # fmt: skip
-    # ── feature rules that span flags ──
+    # feature rules that span flags
     if args.init_model is not None and args.resume is not None:
         arg_error("init-model", "cannot be combined with --resume", args.init_model)
     if args.resume is not None and args.eval_only is not None:
         arg_error("eval-only", "cannot be combined with --resume", args.eval_only)
-    if args.n_aux_grad_accum > 1 and args.compile == "reduce-overhead":  # [36] a replay overwrites the graph's .grad
-        rule = "adds gradients across compiled calls, which CUDA graphs overwrite: with --compile reduce-overhead"
-        arg_error("n-aux-grad-accum", f"{rule} it must be 1 (or use --compile default)", args.n_aux_grad_accum)
-    # ── end feature rules that span flags ──
-    # ── torchrun [30]: every process owns num_envs / world_size envs and its share of each minibatch ──
+    # torchrun [30]: every process owns num_envs / world_size envs and its share of each minibatch
     args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     for flag, value in (
         ("num_envs", args.num_envs),
@@ -2267,10 +2342,7 @@ def check_args(args: Args) -> None:
     args.local_num_envs = args.num_envs // args.world_size
     args.local_batch_size = args.local_num_envs * args.num_steps
     args.local_minibatch_size = minibatch_size // args.world_size
-    if args.num_aux_rollouts % args.world_size:
-        arg_error(
-            "num-aux-rollouts", f"must divide among the {args.world_size} processes of torchrun", args.num_aux_rollouts
-        )
+    check_algorithm(args)
     if args.rollout == "pipelined" and args.local_num_envs % 2:  # [35] two halves
         arg_error("rollout", "steps the envs in two halves: each process's --num-envs must be even", "pipelined")
     if args.prio_alpha > 0 and args.local_num_envs % args.num_minibatches:
@@ -2282,16 +2354,9 @@ def check_args(args: Args) -> None:
     if args.vtrace and args.local_num_envs % args.num_minibatches:  # [28] as Metta's, minibatches of whole segments
         arg_error("vtrace", "takes minibatches of whole env segments: each process's envs must be a multiple of "
                   "--num-minibatches", True)  # fmt: skip
-    # ── end torchrun ──
-    # memory in bytes: the rollout (a uint8 frame, 6 numbers a step), the phase buffer [23] (a frame, a return a step),
-    # the activations of a policy or an auxiliary minibatch (1.5 MiB a sample a network), games (0.3 MiB each)
-    work = max(minibatch_size, args.num_aux_rollouts * args.num_steps) * (2 if args.arch == "dual" else 1)
-    need = args.local_batch_size * 12312 + phase_buffer_bytes(args)  # [30] this process's share
-    need += (1.5 * work + 0.3 * (args.num_envs + args.num_eval_envs) / args.world_size) * 2**20
+    need, sizes = memory_needed(args, minibatch_size)
+    need = need if args.eval_only is None else 0  # [27] an evaluation holds no rollout, phase buffer or update
     free = torch.cuda.mem_get_info(args.device)[0] if args.device.startswith("cuda") else host_memory()
-    sizes = (f"num-envs {args.num_envs} x --num-steps {args.num_steps} / --num-minibatches {args.num_minibatches}, "
-             f"--n-iteration {args.n_iteration}, --num-aux-rollouts {args.num_aux_rollouts}, "
-             f"--num-eval-envs {args.num_eval_envs}")  # fmt: skip
     what = f"need {need / 2**30:.1f} GiB on {args.device}, {free / 2**30:.1f} GiB free"
     if need > free:
         arg_error(sizes, what)
@@ -2300,32 +2365,6 @@ def check_args(args: Args) -> None:
     for flags, (why, odd) in WARNINGS.items():
         for flag in (flag for flag in flags if odd(getattr(args, flag), args)):
             print(f"{SCRIPT}.py: warning: --{flag.replace('_', '-')} {getattr(args, flag)}: {why}", file=sys.stderr)
-
-
-# ── the phase buffer's size: the memory check's ──
-def phase_buffer_bytes(args: Args) -> int:
-    """[23] The bytes of this process's phase buffer: observations as uint8, and the returns."""
-    return args.num_steps * (args.num_envs // args.world_size) * args.n_iteration * (64 * 64 * 3 + 4)
-
-
-# ── end the phase buffer's size ──
-
-
-# ── parse_args: tyro's parse errors in one line ──
-def parse_args(argv=None, **tyro_kwargs) -> Args:
-    """The command line (or `argv`) as Args; a parse error of tyro's is one line too, with exit status 2."""
-    try:
-        with contextlib.redirect_stderr(io.StringIO()) as box:
-            return tyro.cli(Args, args=argv, **tyro_kwargs)
-    except SystemExit as exc:
-        if exc.code:  # 0 is --help; else keep the box's first paragraph below its title: "Error parsing --seed: ..."
-            paragraph = (re.split("[─-]{3,}", box.getvalue()) + ["", "see --help"])[1].replace("│", " ")
-            print(f"{SCRIPT}.py: error:", *paragraph.strip("╮").split(), file=sys.stderr)
-            exc.code = 2
-        raise
-
-
-# ── end parse_args: tyro's parse errors in one line ──
 
 
 def host_memory():
@@ -2356,6 +2395,60 @@ def console(text):
         print(text, flush=True)
     except OSError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's last flush goes there too
+
+
+# ── end the full files' plumbing ──
+
+
+# ── parse_args: tyro's parse errors in one line ──
+def parse_args(argv=None, **tyro_kwargs) -> Args:
+    """The command line (or `argv`) as Args; a parse error of tyro's is one line too, with exit status 2."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as box:
+            return tyro.cli(Args, args=argv, **tyro_kwargs)
+    except SystemExit as exc:
+        if exc.code:  # 0 is --help; else keep the box's first paragraph below its title: "Error parsing --seed: ..."
+            paragraph = (re.split("[─-]{3,}", box.getvalue()) + ["", "see --help"])[1].replace("│", " ")
+            print(f"{SCRIPT}.py: error:", *paragraph.strip("╮").split(), file=sys.stderr)
+            exc.code = 2
+        raise
+
+
+# ── end parse_args: tyro's parse errors in one line ──
+
+
+def check_args(args: Args):
+    """The common mistakes, each in one line (tyro rejects a wrong type)."""
+    # ── every flag's rule ──
+    check_every_flag(args)
+    # ── end every flag's rule ──
+    batch, sizes = args.num_envs * args.num_steps, ("num_envs", "num_steps", "num_eval_envs")
+    games = MODE_GAMES.get(args.distribution_mode, args.env_id).split()
+    divides = args.num_minibatches >= 1 and batch % args.num_minibatches == 0
+    aux_batch, phase = args.num_aux_rollouts * args.n_aux_grad_accum, batch * args.n_iteration
+    sizes += ("n_iteration",)
+    aux_divides = aux_batch >= 1 and args.num_envs * args.n_iteration % aux_batch == 0
+    for flag, ok, rule in [
+        ("env_id", args.env_id in PROCGEN_GAMES, f"must be one of {', '.join(PROCGEN_GAMES)}"),
+        ("distribution_mode", args.env_id in games, "is not made for this game"),
+        *((flag, getattr(args, flag) >= 1, "must be at least 1") for flag in sizes),
+        ("total_timesteps", args.total_timesteps >= phase, "must hold a phase: a batch x --n-iteration"),
+        ("num_minibatches", divides, "must divide --num-envs x --num-steps"),
+        ("num_aux_rollouts", aux_divides, "x --n-aux-grad-accum must divide the phase's rollouts"),
+    ]:
+        if not ok:
+            stop(flag, getattr(args, flag), rule)
+    auto = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        args.device = str(torch.zeros(0, device=args.device.replace("auto", auto)).device)
+    except (RuntimeError, AssertionError) as exc:  # no such GPU, no CUDA
+        stop("device", args.device, str(exc).splitlines()[0])
+
+
+def stop(flag, value, rule):
+    """Exit status 2, as tyro's errors."""
+    print(f"{SCRIPT}.py: error: --{flag.replace('_', '-')} {value}: {rule}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -144,9 +144,19 @@ def train_with_tiny_network(path, flags, **swaps):
     swaps = {"impala_cnn": tiny_network, "minibatch_indices": lambda *args: indices(*args)[:1], **swaps}
     for name, value in swaps.items():
         setattr(module, name, value)
-    seconds, report = [], module.report
-    module.report = lambda iteration, step, sps, took, *rest: seconds.append(took) or report(iteration, step, sps, took,
-                                                                                             *rest)  # fmt: skip
+    # an iteration's seconds: from its first policy step to its console line (`iter N/M ...`), each script's own
+    seconds, start, policy_step = [], [], module.policy_step
+
+    def timed_policy_step(*args, **kwargs):
+        start.append(start.pop() if start else time.perf_counter())  # the iteration's first step starts its clock
+        return policy_step(*args, **kwargs)
+
+    def timed_print(*args, **kwargs):
+        if start and str(args[0]).startswith("iter "):
+            seconds.append(time.perf_counter() - start.pop())
+        print(*args, **kwargs)
+
+    module.policy_step, module.print = timed_policy_step, timed_print
     args = module.parse_args(flags) if hasattr(module, "parse_args") else tyro.cli(module.Args, args=flags)
     module.train(args)
     return module, args, seconds

@@ -21,7 +21,8 @@ def test_every_row_of_the_speed_tables_is_a_command_its_script_takes(monkeypatch
     tables = [throughput.CONFIGS, throughput.OPTION_CONFIGS, throughput.GPU_CONFIGS, throughput.HOST_CONFIGS]
     for name, file, flags, _ in [row for table in tables for row in table]:
         script = load_script(file)
-        monkeypatch.setattr(script, "host_memory", lambda: float(2**40))
+        if hasattr(script, "host_memory"):  # the full files' memory check
+            monkeypatch.setattr(script, "host_memory", lambda: float(2**40))
         status, lines = outcome(script, [*flags, "--device", "cpu"])
         assert status == 0 and not lines, (name, lines)
 

@@ -77,13 +77,26 @@ def test_a_flag_the_lean_scripts_lack_is_caught():
 def test_every_numbered_marker_has_its_detail():
     """Each `[N]` in the scripts' comments points to detail N of DETAILS.md, and every detail is marked somewhere."""
     details = set(map(int, re.findall(r"^(\d+)\. \*\*", (ROOT / "DETAILS.md").read_text(), re.M)))
-    marked = set()
-    for name in SCRIPTS:
-        for line in (ROOT / f"{name}.py").read_text().splitlines():
-            comment = line[line.index("#") :] if "#" in line else line if line.lstrip().startswith('"""') else ""
-            marked |= {int(n) for n in re.findall(r"\[(\d+)\]", comment)}
+    marked = {n for name in SCRIPTS for n in markers(name)}
     assert details == set(range(1, 37))
     assert marked == details, (marked - details, details - marked)
+
+
+def markers(name):
+    """The `[N]` of a script's comments and docstrings, in the order they come."""
+    found = []
+    for line in (ROOT / f"{name}.py").read_text().splitlines():
+        comment = line[line.index("#") :] if "#" in line else line if line.lstrip().startswith('"""') else ""
+        found += [int(n) for n in re.findall(r"\[(\d+)\]", comment)]
+    return found
+
+
+@pytest.mark.parametrize("name,details", [("ppo_procgen", range(1, 19)), ("ppg_procgen", range(19, 25))])
+def test_the_details_are_numbered_as_a_reader_meets_them(name, details):
+    """DETAILS.md numbers PPO's details in the order a reader of ppo_procgen.py meets them, and PPG's in the order
+    ppg_procgen.py adds them: each detail's first marker comes after the one before's."""
+    firsts = list(dict.fromkeys(n for n in markers(name) if n in details))
+    assert firsts == list(details), firsts
 
 
 def test_the_error_lines_the_docs_quote_are_the_ones_the_scripts_print():

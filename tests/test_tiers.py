@@ -1,5 +1,6 @@
 """The two tiers cannot drift apart: the lean and the full script log the same numbers, and differ only by additions."""
 
+import ast
 import difflib
 import re
 import subprocess
@@ -7,22 +8,19 @@ import subprocess
 import pytest
 import tyro
 from conftest import ROOT, load_script, read_scalars, smoke_args
+from test_metadata import BLOCK
 
 # lean file -> its full file, and the pairs whose diff must stay small: (old, new)
 TIERS = {"ppo_procgen": "ppo_procgen_full", "ppg_procgen": "ppg_procgen_full"}
 DIFFS = [("ppo_procgen", "ppo_procgen_full"), ("ppg_procgen", "ppg_procgen_full"), ("ppo_procgen", "ppg_procgen")]
-MAX_CHANGED = 53  # lines of the first file that the second removes or changes (40 before the lean files said what
-# the algorithm does: the full files now pay for V-trace's per-epoch advantages, resume's counters and their signals;
-# 48 before the folded and pipelined rollouts: the policy step, its noise argument and the test loop's condition; the
-# full PPO file is at 52 since an episode's two scalars became one event, 53 since a failed model write ends the run
-# with status 4 at its end rather than exiting at once, 54 with reward normalisation's own discount, 53 since
-# the value loss is the lean file's plain mean again: the importance weights reach the policy loss alone)
-MAX_CHANGED_PPG = 63  # the full PPG file's 10 more: 5 since the loop became three stages (the policy stage's noise
-# (2), the update stage's prioritised weights (3 lines, where the loop had 2), the learning rate set in place and the
-# compiled auxiliary stage's call, less the Ctrl-C line that the lean files now share), --cnn-channels passed to
-# both of `dual`'s networks (2), the auxiliary minibatch gathered as rows of bytes (`take`, 1), and an episode's two
-# scalars written as one event (2); 63 with the failed model write, 64 with
-# reward normalisation's own discount, 63 with the value loss's plain mean (as in PPO's; 62 by the fenced blocks' count)
+MAX_CHANGED = 60  # lines of the lean PPO file that the full one removes or changes: the docstring (3), what its
+# features pass or wrap (the envs' threads and video directory, the agent's options, torchrun's shares, V-trace, the
+# prioritised minibatches, the compiled stages, the pinned copies), and since the lean files left the plumbing to the
+# full files (7 more): the console line with the time left (3 lean lines), the model write that fails in one line (3),
+# and the reset that keeps a video's first frame
+MAX_CHANGED_PPG = 73  # the full PPG file's 13 more: its auxiliary phase's call with its checkpoints and its compiled
+# stage (2), its statistics reduced over the processes and resumable (3), its separate optimizer, the policy stage's
+# noise, the prioritised weights, the agent's extra flags (2)
 
 
 def changed_lines(old, new):
@@ -40,11 +38,10 @@ def test_the_second_file_keeps_the_first_files_lines(old, new):
 
 OPENER = re.compile(r"^(\s*)# ── (?!end )(.+?) ──")  # `# ── name ──`, a comment line of its own
 ENDER = re.compile(r"^(\s*)# ── end (.+?) ──$")  # `# ── end name ──`, at the opener's indentation
-MAX_ADDED = 152  # non-blank lines outside the blocks that a full file adds: the other side of its changed lines, the
-# features' imports, and one-line additions, each marked with the [N] of its feature (136 in PPO, 152 in PPG; 3 of
-# them since a run that could not write its last checkpoint or model file, or lost its directory, says so: the
-# imports of errno and threading, and the model write's failure; 1 the reward normaliser's discount; 1
-# each minibatch's V-trace part, as Metta's loss takes it)
+MAX_ADDED = 159  # non-blank lines outside the blocks that a full file adds: the other side of its changed lines, the
+# features' imports, and one-line additions, each marked with the [N] of its feature (PPG's is the larger; 7 of them
+# since the lean files left the plumbing to the full files: the imports of importlib, itertools, re and signal, the
+# reset's first video frame, and the console line and the model write where the lean file prints and saves)
 
 
 def fenced_blocks(lines):
@@ -108,3 +105,78 @@ def test_lean_and_full_log_bit_identical_numbers(tmp_path, monkeypatch, lean):
     if lean == "ppg_procgen":
         assert lean_logs["losses/aux/kl_loss"]
     assert lean_logs == full_logs
+
+
+# What a reader of a lean file reads in one sitting: its characters and lines without the PEP 723 block, its long
+# lines, and no formatter pragmas (CleanRL's ppo_procgen.py: 346 lines and 14,595 characters, 15 lines over 100;
+# its ppg_procgen.py: 480, 21,695 and 23)
+LEAN_SIZES = {"ppo_procgen": (23_000, 470), "ppg_procgen": (30_000, 590)}  # characters, lines
+MAX_LONG_LINES = 20  # over 100 characters: the formatter keeps 120, so the lean files write short statements
+MAX_PPO_TO_PPG = 160  # lines of `diff ppo_procgen.py ppg_procgen.py`, both sides: what PPG adds to PPO, and no more
+
+
+@pytest.mark.parametrize("lean", LEAN_SIZES)
+def test_the_lean_file_is_read_in_one_sitting(lean):
+    text = BLOCK.sub("", (ROOT / f"{lean}.py").read_text(), count=1)
+    lines, (max_chars, max_lines) = text.splitlines(), LEAN_SIZES[lean]
+    assert len(text) <= max_chars, f"{lean}.py: {len(text)} characters, over {max_chars}"
+    assert len(lines) <= max_lines, f"{lean}.py: {len(lines)} lines, over {max_lines}"
+    long = [line for line in lines if len(line) > 100]
+    assert len(long) <= MAX_LONG_LINES, f"{len(long)} lines over 100 characters:\n" + "\n".join(long)
+    pragmas = [line for line in lines if re.search(r"fmt: *(skip|off)|noqa", line)]
+    assert not pragmas, "formatter pragmas:\n" + "\n".join(pragmas)
+
+
+def test_the_lean_ppg_file_is_the_lean_ppo_file_and_its_phases():
+    diff = subprocess.run(["diff", ROOT / "ppo_procgen.py", ROOT / "ppg_procgen.py"], capture_output=True, text=True)
+    changed = [line for line in diff.stdout.splitlines() if line[:1] in "<>"]
+    assert changed and len(changed) <= MAX_PPO_TO_PPG, f"{len(changed)} lines differ, over {MAX_PPO_TO_PPG}"
+
+
+@pytest.mark.parametrize("name", [*TIERS, *TIERS.values()])
+def test_no_statistic_is_read_by_position(name):
+    """update_minibatch and aux_minibatch return their statistics by name; an index into them (`stats[4]`), or names
+    zipped onto a stack in a fixed order, would silently shift when a term is added."""
+    lines = (ROOT / f"{name}.py").read_text().splitlines()
+    positional = re.compile(r"\b\w*stats\[-?\d|\bnames\.index\(|zip\(names\b")
+    hits = [f"{name}.py:{i}: {line.strip()}" for i, line in enumerate(lines, 1) if positional.search(line)]
+    assert not hits, "\n".join(hits)
+
+
+# Where the two full files may differ: the algorithms themselves, and the fenced blocks each titles as its own
+# ("(PPO)", "(PPG)"); every other definition and module-level block that both have is one text.
+ALGORITHM = {"Args", "Agent", "check_args", "train", "update_minibatch"}
+
+
+def shared_parts(name):
+    """A full file's top-level definitions (by name) and module-level fenced blocks (by title, in order), without the
+    algorithm's own: {key: text}."""
+    lines = (ROOT / f"{name}.py").read_text().splitlines(keepends=True)
+    blocks = fenced_blocks([line.rstrip("\n") for line in lines])
+    own = {i for first, last, title in blocks if re.search(r"\((PPO|PPG)\)", title) for i in range(first, last + 1)}
+    parts, defined = {}, set()
+    for node in ast.parse("".join(lines)).body:
+        first = node.lineno - len(getattr(node, "decorator_list", []))
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            key = ast.unparse(node.targets[0] if isinstance(node, ast.Assign) else node.target)
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            key = node.name
+        else:
+            continue
+        defined |= set(range(first, node.end_lineno + 1))
+        if key not in ALGORITHM and first not in own:
+            parts[key] = "".join(lines[first - 1 : node.end_lineno])
+    for first, last, title in blocks:
+        if first not in own and not any(i in defined for i in (first, last)):  # a block of the module, not inside one
+            key = f"block: {title}"
+            parts[key] = parts.get(key, "") + "".join(lines[first - 1 : last])
+    return parts
+
+
+def test_the_full_files_share_one_text():
+    ppo, ppg = shared_parts("ppo_procgen_full"), shared_parts("ppg_procgen_full")
+    shared = ppo.keys() & ppg.keys()
+    assert len(shared) > 90, sorted(shared)
+    differ = {key: list(difflib.unified_diff(ppo[key].splitlines(), ppg[key].splitlines(), lineterm="", n=0))[2:]
+              for key in sorted(shared) if ppo[key] != ppg[key]}  # fmt: skip
+    assert not differ, "\n".join(f"{key}:\n  " + "\n  ".join(lines) for key, lines in differ.items())
