@@ -148,7 +148,8 @@ def train_with_tiny_network(path, flags, **swaps):
     seconds, start, policy_step = [], [], module.policy_step
 
     def timed_policy_step(*args, **kwargs):
-        start.append(start.pop() if start else time.perf_counter())  # the iteration's first step starts its clock
+        if not start:  # the iteration's first step starts its clock
+            start.append(time.perf_counter())
         return policy_step(*args, **kwargs)
 
     def timed_print(*args, **kwargs):
