@@ -6,15 +6,18 @@ and the figures that a CPU cannot give, gathered in GPU.md with the GPU, torch a
 
 The steps, each timed, each one's output kept beside GPU.md:
   1. the CUDA tests: `python -m pytest -k "cuda or gpu"`;
-  2. `throughput.py --suite gpu --device cuda`: the default PPO beside the loop's stages eager, compiled
-     (`--compile default`) and compiled with CUDA graphs (`reduce-overhead`), each with `--rollout folded` and
-     `pipelined`; bf16 with CUDA graphs; PPG's default; each run killed past 2 minutes. The GPU defaults are to be
-     decided from it;
+  2. `throughput.py --suite gpu --device cuda`: the rows in the order of what we most need to know (PPO's and PPG's
+     defaults; the stages compiled, then with CUDA graphs; the folded and pipelined rollouts eager, then with CUDA
+     graphs; bf16; PPG with CUDA graphs), inductor's cache filled by one untimed compiled iteration first; each run
+     killed past `--row-timeout` (2 minutes), a failing one written with its exit status and last stderr lines, the
+     CUDA graphs that inductor skipped named. The GPU defaults are to be decided from it;
   3. `throughput.py --suite host --device cuda`: each script's loop without the network, beside procgen alone;
-  4. `python -m pytest tests/test_host_syncs.py -k cuda`: no host-device sync between two minibatches.
+  4. `python -m pytest tests/test_host_syncs.py -k cuda`: no host-device sync between two minibatches, and a rollout
+     step's waits no more than its copies back.
 A failing step is reported and the kit goes on with the next; it exits 1 if any failed. Each step has a time limit
-(`--timeout`, seconds; the four defaults sum to 9.6 minutes): one that hangs is stopped with every process it
-started, reported as timed out in GPU.md with the output it gave, and the kit goes on.
+(`--timeout`, seconds; the four defaults sum to 9.5 minutes): one that hangs is stopped with every process it
+started, reported as timed out in GPU.md with the output it gave, and the kit goes on. Every table is written as soon
+as it has a row, GPU.md after every step.
 """
 
 import argparse
@@ -31,8 +34,7 @@ HERE = Path(__file__).resolve().parent
 
 
 # each step's time limit in seconds, meant for one H100: the kit's whole run within 10 minutes
-TIMEOUTS = {"CUDA tests": 120, "Speed options": 320, "Host side": 90, "Host-device syncs": 45}
-ROW_TIMEOUT = 120  # seconds for one run of the speed table (two iterations; a compiled row compiles in the first)
+TIMEOUTS = {"CUDA tests": 150, "Speed options": 300, "Host side": 75, "Host-device syncs": 45}
 
 
 def run_step(cmd, timeout, env):
@@ -48,9 +50,12 @@ def run_step(cmd, timeout, env):
     return proc.returncode, output
 
 
+QUICK_ROWS = ["PPO default", "PPO eager, --rollout folded", "PPO eager, --rollout pipelined"]
+
+
 def steps(opts):
     """(title, command, the table it writes or None): what the kit runs, in order. A check on a CPU (`--quick`) runs
-    one test file's CUDA cases (skipped there), one row of the speed options and two of the host side."""
+    one test file's CUDA cases (skipped there), three eager rows of the speed options and two of the host side."""
     bench = [
         sys.executable,
         str(HERE / "throughput.py"),
@@ -65,7 +70,7 @@ def steps(opts):
     quick = ["--quick"] if opts.quick else []
     tests = ["tests/test_smoke.py"] if opts.quick else []
     serial = ["-n", "0"] if opts.quick else []  # a check on a CPU skips every CUDA case: no worker per core
-    rows = ["--only", "PPO eager, --rollout pipelined"] if opts.quick else []
+    rows = ["--only", *QUICK_ROWS] if opts.quick else []
     host_rows = ["--only", "PPO lean", "PPO full, --rollout pipelined"] if opts.quick else []
     return [
         # the kit's own tests (tests/test_benchmarks.py, which would run a nested kit) and the host-sync tests (the
@@ -87,7 +92,11 @@ def steps(opts):
             ],
             None,
         ),
-        ("Speed options", [*bench, "--suite", "gpu", "--timeout", str(ROW_TIMEOUT), *quick, *rows], "GPU_SPEED.md"),
+        (
+            "Speed options",
+            [*bench, "--suite", "gpu", "--timeout", str(opts.row_timeout), *quick, *rows],
+            "GPU_SPEED.md",
+        ),
         ("Host side", [*bench, "--suite", "host", *quick, *host_rows], "HOST.md"),
         ("Host-device syncs", [*pytest, "tests/test_host_syncs.py", *serial, "-k", "cuda"], None),
     ]
@@ -108,6 +117,8 @@ def main():
     parser.add_argument("--skip", nargs="*", default=[], metavar="TITLE", help="steps to leave out, by title")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="every step's time limit (default: each step's own, 9.5 minutes in all)")  # fmt: skip
+    parser.add_argument("--row-timeout", type=float, default=120, metavar="SECONDS",
+                        help="the time limit of one run of the speed table (default 120)")  # fmt: skip
     opts = parser.parse_args()
     opts.device = "cpu" if opts.quick else "cuda"
     opts.out = (opts.out or HERE / ("quick" if opts.quick else "gpu")).resolve()

@@ -55,23 +55,28 @@ OPTION_CONFIGS = [
     ("PPO --intrinsic-coef 0.5 (RND)", "ppo_procgen_full", ["--intrinsic-coef", "0.5"], {}),
 ]
 OPTION_SIZES = ["--num-envs", "16"]
-# the GPU suite (the GPU kit's): the loop's stages eager, compiled, and compiled with CUDA graphs, each with the folded
-# and the pipelined rollout, beside the plain default; bf16 with CUDA graphs; PPG's default. Sized for the kit's 10
-# minutes on one H100: 9 rows of 2 iterations, the compiled ones paying their compilation in the first (the CUDA graph
-# rows first: a row past the kit's --timeout is killed, and a step past its limit keeps the rows measured before it)
+# the GPU suite (the GPU kit's), in the order of what we most need to know: the defaults, PPO's and PPG's; the loop's
+# stages compiled, then with CUDA graphs; the folded and pipelined rollouts eager, then with CUDA graphs; bf16; PPG with
+# CUDA graphs. A row past the kit's --timeout is killed and the step's own limit cuts the rows at the end, so the last
+# are the ones lost. PPG's rows close a phase every iteration (--n-iteration 1): its auxiliary epoch is in the timed
+# iteration. An eager row runs 2 iterations and times the second; a compiled one runs 3 (the first compiles, the second
+# records the CUDA graphs, the third, timed, replays them), after one untimed compiled run has filled inductor's cache
 COMPILED, GRAPHS = ["--compile", "default"], ["--compile", "reduce-overhead"]
+PPG_ROW = ["--n-iteration", "1", "--e-auxiliary", "1"]
 GPU_CONFIGS = [
     ("PPO default", "ppo_procgen_full", [], {}),
+    ("PPG default (a phase of 1 iteration)", "ppg_procgen_full", PPG_ROW, {}),
+    ("PPO compiled stages (--compile default)", "ppo_procgen_full", COMPILED, {}),
+    ("PPO compiled + CUDA graphs (--compile reduce-overhead)", "ppo_procgen_full", GRAPHS, {}),
     ("PPO eager, --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
     ("PPO eager, --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
     ("PPO compiled + CUDA graphs, --rollout folded", "ppo_procgen_full", [*GRAPHS, "--rollout", "folded"], {}),
     ("PPO compiled + CUDA graphs, --rollout pipelined", "ppo_procgen_full", [*GRAPHS, "--rollout", "pipelined"], {}),
-    ("PPO compiled stages, --rollout folded", "ppo_procgen_full", [*COMPILED, "--rollout", "folded"], {}),
-    ("PPO compiled stages, --rollout pipelined", "ppo_procgen_full", [*COMPILED, "--rollout", "pipelined"], {}),
     ("PPO compiled + CUDA graphs, folded, --autocast bf16", "ppo_procgen_full",
      [*GRAPHS, "--rollout", "folded", "--autocast", "bf16"], {}),
-    ("PPG default", "ppg_procgen_full", ["--n-iteration", "2", "--e-auxiliary", "1"], {}),
+    ("PPG compiled + CUDA graphs (a phase of 1 iteration)", "ppg_procgen_full", [*GRAPHS, *PPG_ROW], {}),
 ]  # fmt: skip
+WARM_UP = ("PPO", "ppo_procgen_full", GRAPHS)  # one iteration, untimed, before the first compiled row
 QUICK_SIZES = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
 QUICK_NETWORK = ["--cnn-channels", "2"]  # the speed tables' full files in a check: one stack of 2 channels
 QUICK_PPG = ["--num-aux-rollouts", "2"]
@@ -192,7 +197,7 @@ def host_run(script, flags, iterations, batch, workdir, device, env):
            "--update-epochs", "1", "--device", device, "--exp-name", "bench", *flags]  # fmt: skip
     if script.startswith("ppg"):  # PPG has no --update-epochs: one policy epoch is its default
         cmd = [c for c in cmd if c not in ("--update-epochs", "1")] + ["--e-auxiliary", "1"]
-    stdout, _, acc = run_logged(cmd, workdir, env)
+    stdout, _, acc, _ = run_logged(cmd, workdir, env)
     timed = json.loads(stdout.strip().splitlines()[-1])
     last = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
     last["sps"] = batch / statistics.median(timed["iterations"][1:])
@@ -202,14 +207,16 @@ def host_run(script, flags, iterations, batch, workdir, device, env):
 
 def run_logged(cmd, workdir, env=None, timeout=None):
     """Run `cmd` in a directory of its own under `workdir`: its standard output, its resource usage (the peak
-    memory) and the scalar events of the one run directory it wrote. A failed run stops the benchmark, saying why;
-    one that outlasts `timeout` seconds is killed, and TimeoutError says so."""
+    memory), the scalar events of the one run directory it wrote, and its standard error. A failed run raises
+    RunFailed, saying why; one that outlasts `timeout` seconds is killed with every process it started (inductor's
+    compile workers too), and TimeoutError says so."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     with tempfile.TemporaryDirectory(dir=workdir) as cwd, tempfile.TemporaryFile("w+") as out:
         with tempfile.TemporaryFile("w+") as err:  # files, not pipes: the parent reads nothing until the child ends
-            proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, text=True, env={**os.environ, **(env or {})})
-            timer = threading.Timer(timeout, proc.kill) if timeout else None
+            proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=err, text=True, env={**os.environ, **(env or {})},
+                                    start_new_session=True)  # fmt: skip
+            timer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL)) if timeout else None
             if timer:
                 timer.start()
             _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak memory, which subprocess.run does not give
@@ -217,15 +224,16 @@ def run_logged(cmd, workdir, env=None, timeout=None):
                 timer.cancel()
             if status == signal.SIGKILL and timeout:
                 raise TimeoutError(f"killed after {timeout:g} s: {' '.join(cmd)}")
+            err.seek(0)
+            errors = err.read()
             if status != 0:
-                err.seek(0)
-                raise RunFailed(os.waitstatus_to_exitcode(status), err.read(), cmd)
+                raise RunFailed(os.waitstatus_to_exitcode(status), errors, cmd)
         out.seek(0)
         text = out.read()
         (run_dir,) = (Path(cwd) / "runs").iterdir()
         acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
         acc.Reload()
-    return text, usage, acc
+    return text, usage, acc, errors
 
 
 class RunFailed(SystemExit):
@@ -238,16 +246,19 @@ class RunFailed(SystemExit):
 
 
 def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None):
-    """One process of the script; the perf/* of its last iteration and its peak memory."""
+    """One process of the script; the perf/* of its last iteration, its peak memory, and the CUDA graphs that inductor
+    said it skipped (their count, and the first reason in `skip_reason`)."""
     total = batch * iterations
     cmd = [sys.executable, str(ROOT / f"{script}.py"), "--total-timesteps", str(total), "--device", device,
            "--exp-name", "bench", *flags]  # fmt: skip
-    _, usage, acc = run_logged(cmd, workdir, env, timeout)
+    _, usage, acc, errors = run_logged(cmd, workdir, env, timeout)
     last = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
     last["peak_rss_gib"] = usage.ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
     last["sps"] = batch / last["perf/iteration_seconds"]
     rollout = last["perf/iteration_seconds"] - last["perf/eval_seconds"] - last["perf/update_seconds"]
     last["rollout_sps"] = batch / rollout  # the training envs' loop: stepping, inference, storage, bookkeeping
+    skips = [line for line in errors.splitlines() if "skipping cudagraphs" in line]  # inductor's warning, per graph
+    last["cudagraph_skips"], last["skip_reason"] = len(skips), (skips or [""])[0].strip()[:200]
     return last
 
 
@@ -376,12 +387,24 @@ def main():
     print("ceiling:", {t: round(v) for t, v in ceilings.items()}, flush=True)
 
     results, not_measured = {name: [] for name, *_ in configs}, {}  # a row that failed or timed out: why
+    notes = []  # the warm-up's time, the CUDA graphs skipped
     for rep in range(reps):
         for name, script, flags, env in configs:
             extra = sizes + (ppg_sizes if script.startswith("ppg_procgen") else [])
-            # 2 iterations: the first is the warm-up; PPG's second closes a phase with one auxiliary epoch
+            if opts.suite == "gpu" and "--compile" in flags and not any(n.startswith("Warm-up") for n in notes):
+                notes.append(warm_up(opts, extra, batch))
+            # eager, 2 iterations: the first is the warm-up (PPG's closes a phase, as the speed table's second does);
+            # compiled, 3: the first compiles, the second records the CUDA graphs, the third replays them
+            iterations = 3 if "--compile" in flags else 2
             try:
-                results[name].append(run(script, [*flags, *extra], 2, batch, opts.out, opts.device, env, opts.timeout))
+                result = run(script, [*flags, *extra], iterations, batch, opts.out, opts.device, env, opts.timeout)
+                reason = result.pop("skip_reason")
+                if result["cudagraph_skips"]:
+                    notes.append(f"{name}: inductor skipped {result['cudagraph_skips']:g} CUDA graph(s); the first "
+                                 f"said `{reason}`")  # fmt: skip
+                results[name].append(result)
+                if "reduce-overhead" in flags and opts.device.startswith("cuda") and not result["cudagraph_skips"]:
+                    notes.append(f"{name}: no CUDA graph skipped (inductor said none on stderr)")
             except TimeoutError:  # a row that hangs or compiles too long: said in the table, the rest go on
                 not_measured[name] = f"timed out after {opts.timeout:g} s"
             except RunFailed as exc:  # a row that fails: its exit status and last stderr lines, the rest go on
@@ -394,7 +417,27 @@ def main():
                     f"rep {rep + 1}/{reps}  {name}: {r['sps']:.0f} steps/s, peak {r['peak_rss_gib']:.2f} GiB",
                     flush=True,
                 )
-            write_results(opts, configs, results, rep + 1, reps, ceilings, envs, batch, not_measured)  # after every row
+            write_results(opts, configs, results, rep + 1, reps, ceilings, envs, batch, not_measured, notes)  # each row
+    if not_measured:  # the tables are written; the exit status says that a row is missing
+        raise SystemExit(f"throughput.py: {len(not_measured)} row(s) not measured: {', '.join(not_measured)}")
+
+
+def warm_up(opts, extra, batch):
+    """One untimed iteration of PPO with CUDA graphs: inductor's caches (its graphs' code, Triton's kernels) filled
+    before the first compiled row, so that no row pays the cold compile inside its time limit. A line for the table:
+    how long it took, or why it did not finish."""
+    name, script, flags = WARM_UP
+    start, limit = time.time(), opts.timeout and 2 * opts.timeout
+    print(f"warm-up: {name} {' '.join(flags)}, one iteration (untimed)", flush=True)
+    try:
+        run(script, [*flags, *extra], 1, batch, opts.out, opts.device, {}, limit)
+        return (
+            f"Warm-up: one iteration of {name} with `{' '.join(flags)}` from a cold cache, {time.time() - start:.0f} s."
+        )
+    except TimeoutError:
+        return f"Warm-up: one iteration of {name} with `{' '.join(flags)}` timed out after {limit:g} s."
+    except RunFailed as exc:
+        return f"Warm-up: {name} with `{' '.join(flags)}` failed, exit status {exc.status}: {' / '.join(exc.last)}"
 
 
 def host_suite(opts):
@@ -405,14 +448,26 @@ def host_suite(opts):
     batch, iterations = (4 * 32, 4) if opts.quick else (64 * 256, 4)
     opts.out.mkdir(parents=True, exist_ok=True)
     configs = [c for c in HOST_CONFIGS if opts.only is None or any(text in c[0] for text in opts.only)]
-    results = {name: [] for name, *_ in configs}
+    results, not_measured = {name: [] for name, *_ in configs}, {}
     for rep in range(reps):  # alternating, so that a shared machine's drift falls on every row alike
         for name, script, flags, env in configs:
             extra = sizes + (QUICK_PPG if opts.quick and script.startswith("ppg") else [])
-            results[name].append(host_run(script, [*flags, *extra], iterations, batch, opts.out, opts.device, env))
-            r = results[name][-1]
-            print(f"rep {rep + 1}/{reps}  {name}: {r['sps']:.0f} steps/s, procgen alone {r['alone_sps']:.0f}, ratio "
-                  f"{r['sps'] / r['alone_sps']:.2f}", flush=True)  # fmt: skip
+            try:
+                results[name].append(host_run(script, [*flags, *extra], iterations, batch, opts.out, opts.device, env))
+            except RunFailed as exc:  # a row that fails: its exit status and last stderr lines, the rest go on
+                not_measured[name] = f"failed, exit status {exc.status}: " + " / ".join(exc.last).replace("|", "/")
+                print(f"rep {rep + 1}/{reps}  {name}: {not_measured[name]}", flush=True)
+            else:
+                r = results[name][-1]
+                print(f"rep {rep + 1}/{reps}  {name}: {r['sps']:.0f} steps/s, procgen alone {r['alone_sps']:.0f}, "
+                      f"ratio {r['sps'] / r['alone_sps']:.2f}", flush=True)  # fmt: skip
+            write_host(opts, results, not_measured, reps, batch)  # after every row: a step cut short keeps them
+    if not_measured:
+        raise SystemExit(f"throughput.py: {len(not_measured)} row(s) not measured: {', '.join(not_measured)}")
+
+
+def write_host(opts, results, not_measured, reps, batch):
+    """HOST.md: the medians of the rows measured so far; a row that failed says why."""
     cmd = "python benchmarks/throughput.py --suite host" + (" --quick" if opts.quick else "")
     cmd += (f" --reps {opts.reps}" if opts.reps else "") + (f" --device {opts.device}" if opts.device != "cpu" else "")
     cmd += " --only " + " ".join(f'"{text}"' for text in opts.only) if opts.only else ""
@@ -434,16 +489,19 @@ def host_suite(opts):
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in results.items():
+        if not rows:
+            continue
         med = {key: statistics.median(r.get(key, float("nan")) for r in rows) for key in rows[0]}
         ratio = statistics.median(r["sps"] / r["alone_sps"] for r in rows)
         parts = [f"{med[f'perf/{part}_seconds']:.2f}" if f"perf/{part}_seconds" in med else ""
                  for part in ("env", "inference", "eval", "update")]  # fmt: skip
         lines.append(f"| {name} | {med['sps']:.0f} | {med['alone_sps']:.0f} | {ratio:.2f} | {' | '.join(parts)} |")
+    lines += [f"| {name} | {why} |  |  |  |  |  |  |" for name, why in not_measured.items() if not results[name]]
     (opts.out / "HOST.md").write_text("\n".join([*lines, ""]))
     print(f"wrote {opts.out / 'HOST.md'}")
 
 
-def write_results(opts, configs, results, done, reps, ceilings, envs, batch, not_measured=None):
+def write_results(opts, configs, results, done, reps, ceilings, envs, batch, not_measured=None, notes=()):
     """The table (and chart) of the medians over the repetitions measured so far (`done`: the one going on); rows not
     measured yet are left out, and rows that failed or timed out say why (`not_measured`: name -> why)."""
     med = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for name, rows in results.items()
@@ -488,6 +546,7 @@ def write_results(opts, configs, results, done, reps, ceilings, envs, batch, not
     lines += [
         f"| {name} | {why} |  |  |  |  |  |  |  |" for name, why in (not_measured or {}).items() if name not in med
     ]
+    lines += ["", *(f"- {note}" for note in notes)] if notes else []
     lines += ["", "![throughput](throughput.png)", ""]
     if opts.suite in ("options", "gpu"):
         title, name = {

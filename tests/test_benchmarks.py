@@ -2,6 +2,7 @@
 
 import csv
 import gzip
+import os
 import re
 import subprocess
 import sys
@@ -49,26 +50,62 @@ def test_throughput_quick_writes_a_table_and_a_chart(tmp_path):
     assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_the_gpu_kit_runs_every_step_in_quick_mode(tmp_path):
-    """The GPU kit on a CPU (`--quick`): its four steps run, GPU.md gathers them, and the host suite's table has the
-    rows asked for (the lean file's and a full file's), each with its training steps/s, procgen alone's and their
-    ratio, and the parts where the script logs them."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    kit = (tmp_path / "GPU.md").read_text()
-    for title in ("CUDA tests", "Speed options", "Host side", "Host-device syncs"):
-        assert f"## {title}" in kit and f"{title}: ok" in proc.stdout, title
-    assert "<testcase" in (tmp_path / "cuda_tests.xml").read_text()  # each CUDA test's outcome, by name
-    speed = [line for line in kit.split("## Host side")[0].splitlines() if line.startswith("| PPO")]
-    assert [row.split("|")[1].strip() for row in speed] == ["PPO eager, --rollout pipelined"]
-    cells = [c.strip() for c in speed[0].split("|")[2:-1]]  # steps/s, ratio, env, inference, eval, update
+# Planted in the kit's quick run, through a `sitecustomize` that every Python process of the run imports: the speed
+# table's default row fails at its start, its folded row hangs, the host side's lean row fails. Nothing in the kit or
+# the benchmark knows of them.
+PLANTED = """
+import os, sys, time
+argv = sys.argv
+def fail(why):
+    print(f"planted failure: {why}", file=sys.stderr, flush=True)
+    os._exit(1)
+if argv[0].endswith("ppo_procgen_full.py") and "bench" in argv and "--rollout" not in argv:
+    fail("the default row")
+if argv[0].endswith("ppo_procgen_full.py") and "bench" in argv and "folded" in argv:
+    time.sleep(600)
+if argv[0].endswith("throughput.py") and argv[1:3] == ["--tiny-network", "ppo_procgen"]:
+    fail("the lean host row")
+"""
+
+
+def test_the_gpu_kit_runs_every_step_in_quick_mode_whatever_its_rows_do(tmp_path):
+    """The GPU kit on a CPU (`--quick`): its four steps run and GPU.md gathers them. Of the speed table's three rows one
+    is made to fail and one to hang past the row time limit: the table is written with the third row measured, and
+    names the other two with the exit status and last stderr line, or the time limit; the host side's table likewise,
+    with its lean row made to fail and its full row's training steps/s, procgen alone's, their ratio and the parts."""
+    (tmp_path / "plant").mkdir()
+    (tmp_path / "plant" / "sitecustomize.py").write_text(PLANTED)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plant"), os.environ.get("PYTHONPATH")])),
+    }
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path / "kit"),
+           "--row-timeout", "30"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # two steps are missing rows
+    kit = (tmp_path / "kit" / "GPU.md").read_text()
+    for title, verdict in (("CUDA tests", "ok"), ("Speed options", "FAILED (exit 1)"), ("Host side", "FAILED (exit 1)"),
+                           ("Host-device syncs", "ok")):  # fmt: skip
+        assert f"## {title}" in kit and f"{title}: {verdict}" in proc.stdout, (title, proc.stdout)
+    assert "<testcase" in (tmp_path / "kit" / "cuda_tests.xml").read_text()  # each CUDA test's outcome, by name
+    speed = {
+        row.split("|")[1].strip(): row for row in kit.split("## Host side")[0].splitlines() if row.startswith("| PPO")
+    }
+    assert list(speed) == ["PPO eager, --rollout pipelined", "PPO default", "PPO eager, --rollout folded"], speed
+    cells = [c.strip() for c in speed["PPO eager, --rollout pipelined"].split("|")[2:-1]]  # steps/s, ratio, env, ...
     assert float(cells[0]) > 0 and float(cells[4]) == 0  # the test envs step inside the rollout: no loop of their own
-    rows = [line.split("|")[1:-1] for line in (tmp_path / "HOST.md").read_text().splitlines() if line.startswith("| ")]
-    assert [row[0].strip() for row in rows[1:]] == ["PPO lean (ppo_procgen.py)", "PPO full, --rollout pipelined"]
-    for row in rows[1:]:  # training steps/s, procgen alone's, their ratio; the parts, where the script logs them
-        assert float(row[1]) > 0 and float(row[2]) > 0 and 0 < float(row[3]) < 2, row
-        assert all(float(c) >= 0 for c in row[4:8]) if "full" in row[0] else not "".join(row[4:8]).strip(), row
+    assert "failed, exit status 1: planted failure: the default row" in speed["PPO default"]
+    assert "timed out after 30 s" in speed["PPO eager, --rollout folded"]
+    rows = [
+        line.split("|")[1:-1]
+        for line in (tmp_path / "kit" / "HOST.md").read_text().splitlines()
+        if line.startswith("| ")
+    ]
+    assert [row[0].strip() for row in rows[1:]] == ["PPO full, --rollout pipelined", "PPO lean (ppo_procgen.py)"]
+    full, lean = rows[1:]
+    assert float(full[1]) > 0 and float(full[2]) > 0 and 0 < float(full[3]) < 2, full
+    assert all(float(c) >= 0 for c in full[4:8]), full
+    assert "failed, exit status 1: planted failure: the lean host row" in lean[1], lean
 
 
 def test_the_gpu_kit_stops_a_step_past_its_time_limit_and_says_so(tmp_path):

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import tyro
-from conftest import DEVICES, load_script, narrow_lean, smoke_args
+from conftest import DEVICES, GPU, load_script, narrow_lean, smoke_args
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -99,3 +99,31 @@ def test_no_host_traffic_between_the_minibatches_of_an_epoch(name, device, tmp_p
             assert len(calls) >= 2 * per_epoch, (fn, calls)
             steps = [b - a for i, (a, b) in enumerate(zip(calls, calls[1:], strict=False)) if (i + 1) % per_epoch]
             assert steps == [0] * len(steps), (fn, steps)
+
+
+# a rollout step's copies back to the host: the actions (plain); folded, the test envs' actions too; pipelined, the
+# first half's actions ahead of the rest (and, folded into it at an evaluation, the test envs' actions)
+WAITS = {"plain": 1, "folded": 2, "pipelined": 3}
+
+
+@pytest.mark.skipif(not GPU, reason="no GPU")
+@pytest.mark.parametrize("rollout", WAITS)
+def test_a_rollout_step_waits_on_the_gpu_only_for_its_copies_back_cuda(rollout, tmp_path, monkeypatch):
+    """Counted between two training steps' episode logs inside one rollout (the envs' step, the pinned copies to the
+    device, the next policy step): the copies of the observations, rewards and dones to the GPU never wait. Skipped
+    without a GPU: never watched failing; its message gives every step's count."""
+    script = load_script("ppo_procgen_full")
+    monkeypatch.chdir(tmp_path)
+    syncs, marks, log_episodes = DeviceSyncs(), [], script.log_episodes
+
+    def counted(episodes, infos, global_step, tag):
+        if tag == "":  # a training step's, not a test env's
+            marks.append(syncs.count)
+        return log_episodes(episodes, infos, global_step, tag)
+
+    monkeypatch.setattr(script, "log_episodes", counted)
+    with syncs:
+        script.train(tyro.cli(script.Args, args=[*smoke_args("ppo_procgen_full"), "--device", "cuda", "--rollout",
+                                                 rollout]))  # fmt: skip
+    per_step = [b - a for i, (a, b) in enumerate(zip(marks, marks[1:], strict=False)) if (i + 1) % 32]  # one rollout
+    assert len(per_step) == 2 * 31 and max(per_step) <= WAITS[rollout], (rollout, per_step)
