@@ -694,14 +694,14 @@ def agent_options(agent, envs, test_envs, args: Args):
 # ── end the agent's options ──
 
 
-# ── torch.compile [36]: the loop's stages, each compiled whole ──
+# ── torch.compile [36]: the loop's stages, compiled ──
 def compiled_stages(names, optimizers, device, args: Args):
-    """The stages `train` calls, by their `names`: as they are, or (`--compile`) each compiled whole. Compiled, the
-    learning rate is a device tensor changed in place (`set_lr`) and on a GPU Adam keeps its step counts there too
-    (capturable), so the compiled optimizer step reads both without recompiling or waiting; random draws inside a
-    stage come from torch's own generator (inductor's `fallback_random`), so that a compiled run draws what an eager
-    one draws; with CUDA graphs (`reduce-overhead`) each call's outputs are copied out of the graph's memory, which
-    the next replay reuses"""
+    """The stages `train` calls, by their `names`: as they are, or (`--compile`) each compiled whole but the
+    advantages. Compiled, the learning rate is a device tensor changed in place (`set_lr`) and on a GPU Adam keeps its
+    step counts there too (capturable), so the compiled optimizer step reads both without recompiling or waiting;
+    random draws inside a stage come from torch's own generator (inductor's `fallback_random`), so that a compiled run
+    draws what an eager one draws; with CUDA graphs (`reduce-overhead`) each call's outputs are copied out of the
+    graph's memory, which the next replay reuses"""
     stages = [globals()[name] for name in names]  # the module's, which `train` then rebinds
     if args.compile == "off":
         return stages
@@ -728,7 +728,9 @@ def compiled_stages(names, optimizers, device, args: Args):
 
         return replay
 
-    return [compiled(stage) for stage in stages]
+    # the advantages stay eager: compiled, their loop over the rollout's steps unrolls (84 s of cold compile for 256
+    # steps on a 2-core CPU) for a call made once an iteration that takes about 12 ms there
+    return [stage if stage.__name__ == "compute_gae" else compiled(stage) for stage in stages]
 
 
 def set_lr(optimizer, lr):
@@ -1859,7 +1861,7 @@ def train(args: Args):
     if args.intrinsic_coef > 0 and not ckpt:
         next_obs, next_done = warm_up_rnd(agent.rnd, envs, next_obs, args)
     # ── end RND ──
-    # ── torch.compile [36]: the loop's stages, each compiled whole (or as they are) ──
+    # ── torch.compile [36]: the loop's stages, compiled (or as they are) ──
     names = ("policy_step", "compute_gae", "update_minibatch", "aux_minibatch")
     policy_step, compute_gae, update_minibatch, aux_minibatch = compiled_stages(names, optimizers, device, args)
     # ── end torch.compile ──

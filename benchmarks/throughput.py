@@ -55,26 +55,28 @@ OPTION_CONFIGS = [
     ("PPO --intrinsic-coef 0.5 (RND)", "ppo_procgen_full", ["--intrinsic-coef", "0.5"], {}),
 ]
 OPTION_SIZES = ["--num-envs", "16"]
-# the GPU suite (the GPU kit's), in the order of what we most need to know: the defaults, PPO's and PPG's; the loop's
-# stages compiled, then with CUDA graphs; the folded and pipelined rollouts eager, then with CUDA graphs; bf16; PPG with
-# CUDA graphs. A row past the kit's --timeout is killed and the step's own limit cuts the rows at the end, so the last
-# are the ones lost. PPG's rows close a phase every iteration (--n-iteration 1): its auxiliary epoch is in the timed
-# iteration. An eager row runs 2 iterations and times the second; a compiled one runs 3 (the first compiles, the second
-# records the CUDA graphs, the third, timed, replays them), after one untimed compiled run has filled inductor's cache
+# the GPU suite (the GPU kit's): the default PPO first (the ratios' base), then the rows in the order of what we most
+# need to know. The kit's first run (an H200, benchmarks/gpu/) measured the defaults, the stages compiled, with CUDA
+# graphs and the folded rollout eager before its step's limit: the combinations come first now, then those five. A row
+# past the kit's --timeout is killed and the step's own limit cuts the rows at the end, so the last are the ones lost.
+# PPG's rows close a phase every iteration (--n-iteration 1): its auxiliary epoch is in the timed iteration. Each row
+# runs 2 iterations and times the second: a compiled stage compiles at its first call and records its CUDA graph at its
+# second, all within the first iteration (each runs many times an iteration; the advantages, once, stay eager), and
+# one untimed compiled run fills inductor's cache before the first compiled row
 COMPILED, GRAPHS = ["--compile", "default"], ["--compile", "reduce-overhead"]
 PPG_ROW = ["--n-iteration", "1", "--e-auxiliary", "1"]
 GPU_CONFIGS = [
     ("PPO default", "ppo_procgen_full", [], {}),
-    ("PPG default (a phase of 1 iteration)", "ppg_procgen_full", PPG_ROW, {}),
-    ("PPO compiled stages (--compile default)", "ppo_procgen_full", COMPILED, {}),
-    ("PPO compiled + CUDA graphs (--compile reduce-overhead)", "ppo_procgen_full", GRAPHS, {}),
-    ("PPO eager, --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
-    ("PPO eager, --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
     ("PPO compiled + CUDA graphs, --rollout folded", "ppo_procgen_full", [*GRAPHS, "--rollout", "folded"], {}),
     ("PPO compiled + CUDA graphs, --rollout pipelined", "ppo_procgen_full", [*GRAPHS, "--rollout", "pipelined"], {}),
     ("PPO compiled + CUDA graphs, folded, --autocast bf16", "ppo_procgen_full",
      [*GRAPHS, "--rollout", "folded", "--autocast", "bf16"], {}),
     ("PPG compiled + CUDA graphs (a phase of 1 iteration)", "ppg_procgen_full", [*GRAPHS, *PPG_ROW], {}),
+    ("PPO eager, --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
+    ("PPO compiled + CUDA graphs (--compile reduce-overhead)", "ppo_procgen_full", GRAPHS, {}),
+    ("PPG default (a phase of 1 iteration)", "ppg_procgen_full", PPG_ROW, {}),
+    ("PPO eager, --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
+    ("PPO compiled stages (--compile default)", "ppo_procgen_full", COMPILED, {}),
 ]  # fmt: skip
 WARM_UP = ("PPO", "ppo_procgen_full", GRAPHS)  # one iteration, untimed, before the first compiled row
 QUICK_SIZES = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
@@ -251,9 +253,12 @@ def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeo
     total = batch * iterations
     cmd = [sys.executable, str(ROOT / f"{script}.py"), "--total-timesteps", str(total), "--device", device,
            "--exp-name", "bench", *flags]  # fmt: skip
+    start = time.perf_counter()
     _, usage, acc, errors = run_logged(cmd, workdir, env, timeout)
+    row_seconds = time.perf_counter() - start  # the whole run: start, compile, every iteration, exit
     last = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
     last["peak_rss_gib"] = usage.ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
+    last["row_seconds"] = row_seconds
     last["sps"] = batch / last["perf/iteration_seconds"]
     rollout = last["perf/iteration_seconds"] - last["perf/eval_seconds"] - last["perf/update_seconds"]
     last["rollout_sps"] = batch / rollout  # the training envs' loop: stepping, inference, storage, bookkeeping
@@ -393,11 +398,9 @@ def main():
             extra = sizes + (ppg_sizes if script.startswith("ppg_procgen") else [])
             if opts.suite == "gpu" and "--compile" in flags and not any(n.startswith("Warm-up") for n in notes):
                 notes.append(warm_up(opts, extra, batch))
-            # eager, 2 iterations: the first is the warm-up (PPG's closes a phase, as the speed table's second does);
-            # compiled, 3: the first compiles, the second records the CUDA graphs, the third replays them
-            iterations = 3 if "--compile" in flags else 2
+            # 2 iterations: the first is the warm-up (compiled: the stages compile and record their graphs there)
             try:
-                result = run(script, [*flags, *extra], iterations, batch, opts.out, opts.device, env, opts.timeout)
+                result = run(script, [*flags, *extra], 2, batch, opts.out, opts.device, env, opts.timeout)
                 reason = result.pop("skip_reason")
                 if result["cudagraph_skips"]:
                     notes.append(f"{name}: inductor skipped {result['cudagraph_skips']:g} CUDA graph(s); the first "
@@ -527,24 +530,25 @@ def write_results(opts, configs, results, done, reps, ceilings, envs, batch, not
         f"Command: `{cmd}`, {time.strftime('%Y-%m-%d')}. Medians over {done} of {reps} repetition(s); the",
         "configurations alternate within each repetition. Times are of one iteration after a warm-up, as the script",
         f"logs them (`perf/*`); a batch is {batch} steps. Ratios are against the first row, measured in the same run.",
+        "`run s`: the whole run's seconds (start, compile, every iteration), what a row costs the benchmark.",
         "",
         f"Ceiling, procgen alone ({envs} envs, random actions, no network): "
         + ", ".join(f"{round(v):,} steps/s with {t} thread(s)" for t, v in ceilings.items())
         + ".",
         "",
         "| configuration | steps/s | vs first row | env s | inference s | eval s | update s | PPG aux epoch s | peak "
-        "RSS GiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "RSS GiB | run s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in med.items():
         aux = f"{m['perf/aux_seconds']:.1f}" if "perf/aux_seconds" in m else ""
         lines.append(
             f"| {name} | {m['sps']:.0f} | {m['sps'] / base['sps']:.2f}x | {m['perf/env_seconds']:.2f} | "
             f"{m['perf/inference_seconds']:.2f} | {m['perf/eval_seconds']:.2f} | {m['perf/update_seconds']:.2f} | "
-            f"{aux} | {m['peak_rss_gib']:.2f} |"
+            f"{aux} | {m['peak_rss_gib']:.2f} | {m['row_seconds']:.0f} |"
         )
     lines += [
-        f"| {name} | {why} |  |  |  |  |  |  |  |" for name, why in (not_measured or {}).items() if name not in med
+        f"| {name} | {why} |  |  |  |  |  |  |  |  |" for name, why in (not_measured or {}).items() if name not in med
     ]
     lines += ["", *(f"- {note}" for note in notes)] if notes else []
     lines += ["", "![throughput](throughput.png)", ""]

@@ -124,6 +124,38 @@ def test_the_gpu_kit_stops_a_step_past_its_time_limit_and_says_so(tmp_path):
         assert "timed out after 0.5 s, " in section, section
 
 
+def test_the_gpu_kit_stops_at_once_where_procgen_does_not_load(tmp_path):
+    """A machine whose procgen cannot load its library (one GPU machine lacked libGL.so.1) stops the kit before its
+    first step, in one line that says why; GPU.md says it too."""
+    (tmp_path / "plant").mkdir()
+    (tmp_path / "plant" / "sitecustomize.py").write_text(
+        "import sys\nif sys.argv[0] == '-c':\n    raise SystemExit(\"OSError: cannot load library 'libenv.so'\")\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plant"), os.environ.get("PYTHONPATH")])),
+    }
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path / "kit")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1 and "procgen does not load" in proc.stderr and "libenv.so" in proc.stderr, proc.stderr
+    assert "CUDA tests" not in proc.stdout and "libenv.so" in (tmp_path / "kit" / "GPU.md").read_text()
+
+
+def test_the_gpu_kit_names_the_tests_that_failed():
+    """pytest's verbose lines, with workers and without, and its summary: each failed test once, by name."""
+    gpu = __import__("gpu")
+    output = (
+        "[gw3] [ 45%] FAILED tests/test_gpu.py::test_a[cuda-x] \n[gw1] [ 50%] PASSED tests/test_gpu.py::test_b\n"
+        "tests/test_smoke.py::test_smoke[cuda-ppo] FAILED [ 60%]\nFAILED tests/test_gpu.py::test_a[cuda-x] - Err\n"
+        "ERROR tests/test_z.py::test_c - boom\n"
+    )
+    assert gpu.failed_tests(output) == [
+        "FAILED tests/test_gpu.py::test_a[cuda-x]",
+        "FAILED tests/test_smoke.py::test_smoke[cuda-ppo]",
+        "ERROR tests/test_z.py::test_c",
+    ]
+
+
 def test_quick_mode_never_writes_over_the_committed_results():
     throughput = __import__("throughput")
     committed = ROOT / "benchmarks"
@@ -283,7 +315,7 @@ def test_a_speed_row_that_fails_or_times_out_is_written_and_the_rows_after_it_ru
     failing = [sys.executable, "-c", "import sys; print('no such kernel', file=sys.stderr); sys.exit(3)"]
     hanging = [sys.executable, "-c", "import time; time.sleep(30)"]
     measured = {"sps": 100.0, "peak_rss_gib": 1.0, **{f"perf/{k}_seconds": 0.1 for k in ("env", "inference", "eval")}}
-    measured["perf/update_seconds"] = 0.2
+    measured |= {"perf/update_seconds": 0.2, "row_seconds": 3.0, "cudagraph_skips": 0, "skip_reason": ""}
 
     def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None):
         if env or "folded" in flags:  # the OMP_WAIT_POLICY row fails, the folded row hangs: real processes, as rows run
@@ -295,7 +327,8 @@ def test_a_speed_row_that_fails_or_times_out_is_written_and_the_rows_after_it_ru
     only = ["PPO fp32 (default)", "OMP_WAIT_POLICY", "--rollout folded", "--rollout pipelined"]
     argv = ["throughput.py", "--quick", "--out", str(tmp_path), "--timeout", "0.5", "--only", *only]
     monkeypatch.setattr(sys, "argv", argv)
-    throughput.main()
+    with pytest.raises(SystemExit, match="2 row"):  # the table written, the exit status says rows are missing
+        throughput.main()
     rows = {line.split("|")[1].strip(): line for line in (tmp_path / "RESULTS.md").read_text().splitlines()[1:]
             if line.startswith("| PPO")}  # fmt: skip
     assert sorted(rows) == sorted(["PPO fp32 (default)", "PPO fp32, OMP_WAIT_POLICY=PASSIVE",
