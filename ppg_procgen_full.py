@@ -1630,6 +1630,84 @@ def cli_defaults(argv):
 # ── end checkpoints ──
 
 
+# ── the auxiliary phase with its checkpoints (PPG) [22], [25] ──
+class AuxiliaryPhase:
+    """[22] The auxiliary phase that closes each phase, run and logged by `close` (at a phase's last iteration, or to
+    finish one that a checkpoint stopped inside), and [25] the checkpoints around it: `after` an iteration (at the
+    interval at a phase's end; mid-phase on a signal) and after an auxiliary epoch, each with this process's part and
+    the phase buffer so far. It keeps what lives as long as the run; the loop's counters and its last observations
+    (`last`: the next observations and dones, the test envs' observations) come in as arguments."""
+
+    def __init__(self, run_name, agent, optimizers, envs, test_envs, aux, recent, given, stop, writer, device, args):
+        self.run_name, self.agent, self.optimizers, self.envs = run_name, agent, optimizers, envs
+        self.test_envs, (self.aux_obs, self.aux_returns), self.recent, self.given = test_envs, aux, recent, given
+        self.stop, self.writer, self.device, self.args = stop, writer, device, args
+
+    def close(self, iteration, global_step, last, progress, stage, resume=None):
+        """The auxiliary phase (`resume`: the rest of one), its statistics and seconds logged at `global_step`."""
+        aux_start, after = time.time(), functools.partial(self.inside, iteration, global_step, last)  # [32]
+        aux = (self.aux_obs, self.aux_returns)
+        aux_stats = auxiliary_phase(self.agent, self.optimizers[-1], *aux, self.args, progress, after, resume, stage)
+        self.writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # [32]
+        for name, value in aux_stats.items():
+            self.writer.add_scalar(f"losses/aux/{name}", value, global_step)
+        losses = "  ".join(f"{name} {value:.4f}" for name, value in aux_stats.items())
+        print(f"phase {iteration // self.args.n_iteration}/{self.args.num_phases}  {losses}", flush=True)
+
+    def my_part(self, filled, last):
+        """This process's part of a checkpoint: its games, random states, next observations, and the first `filled`
+        rollouts of the phase buffer [24] (some inside a phase, none at its end, all inside its auxiliary phase)."""
+
+        def phase(x):  # a copy of a part: a view would save the whole 6 GiB storage (on CPU `.cpu()` is a view)
+            return x.cpu() if filled == x.shape[1] else x[:, :filled].cpu().clone()
+
+        (next_obs, next_done, test_obs), args = last, self.args
+        return {
+            "rng": rng_state(self.device), "envs": env_state(self.envs), "next_obs": next_obs.cpu(),
+            "next_done": next_done.cpu(),
+            "intrinsic_return": self.agent.rnd.intrinsic_return.cpu() if args.intrinsic_coef > 0 else None,  # [33]
+            "test_envs": env_state(self.test_envs) if args.eval_interval > 0 else None,
+            "test_obs": test_obs.cpu() if args.eval_interval > 0 else None,
+            "aux_obs": phase(self.aux_obs), "aux_returns": phase(self.aux_returns),
+        }  # fmt: skip
+
+    def signalled(self):
+        return int(rank_reduce([self.stop.signum or 0], self.args.world_size, mean=False)[0])  # any process's: all
+
+    def write(self, iteration, global_step, mine, aux_epoch=0):
+        return write_checkpoint(self.run_name, iteration, global_step, self.agent, self.optimizers, mine, self.given,
+                                self.recent, self.args, aux_epoch)  # fmt: skip
+
+    def after(self, iteration, global_step, last):
+        """At the interval, or when a signal asked to stop (then exit). The interval's checkpoints wait for the phase's
+        end, where the phase buffer is spent and left out; only a signal mid-phase writes the phase so far."""
+        signum, args, path = self.signalled(), self.args, None
+        phase_end, interval = iteration % args.n_iteration == 0, args.checkpoint_interval
+        crossed = interval and iteration // interval > (iteration - args.n_iteration) // interval  # in this phase
+        if (phase_end and crossed) or signum:
+            mine = self.my_part(iteration % args.n_iteration * self.envs.num_envs, last)
+            path = self.write(iteration, global_step, mine)
+        if signum:
+            self.writer.close()
+            raise SystemExit(stopped_by_signal(signum, f"iteration {iteration}", path, args))
+
+    def inside(self, iteration, global_step, last, epoch, aux_state):
+        """After an auxiliary epoch but the last, with `--checkpoint-aux-epochs` or when a signal asked to stop (then
+        exit): the whole phase buffer, the old policy's logits and the epochs done, for a resume to go on from."""
+        signum = self.signalled()
+        if epoch == self.args.e_auxiliary or not (signum or self.args.checkpoint_aux_epochs):
+            return
+        mine = {**self.my_part(self.aux_obs.shape[1], last), "aux": {**aux_state(), "epoch": epoch}}
+        path = self.write(iteration, global_step, mine, epoch)
+        if signum:
+            self.writer.close()
+            where = f"auxiliary epoch {epoch} of iteration {iteration}"
+            raise SystemExit(stopped_by_signal(signum, where, path, self.args))
+
+
+# ── end the auxiliary phase with its checkpoints (PPG) ──
+
+
 # ── evaluation of a saved agent [27]: the first episodes of every env, so that short episodes are not favoured ──
 def evaluate(agent, envs, num_episodes, device):
     """Returns of `num_episodes` episodes: env i plays its first quota[i] of them, whatever their lengths."""
@@ -1878,68 +1956,15 @@ def train(args: Args):
 
     # ── end status line ──
 
-    # ── checkpoints [25]: after an iteration, and inside an auxiliary phase after an epoch ──
-    def my_part(filled):
-        """This process's part of a checkpoint: its games, random states, next observations, and the first `filled`
-        rollouts of the phase buffer [24] (some inside a phase, none at its end, all inside its auxiliary phase)."""
-
-        def phase(x):  # a copy of a part: a view would save the whole 6 GiB storage (on CPU `.cpu()` is a view)
-            return x.cpu() if filled == x.shape[1] else x[:, :filled].cpu().clone()
-
-        return {
-            "rng": rng_state(device), "envs": env_state(envs), "next_obs": next_obs.cpu(), "next_done": next_done.cpu(),
-            "intrinsic_return": agent.rnd.intrinsic_return.cpu() if args.intrinsic_coef > 0 else None,  # [33]
-            "test_envs": env_state(test_envs) if args.eval_interval > 0 else None,
-            "test_obs": test_obs.cpu() if args.eval_interval > 0 else None,
-            "aux_obs": phase(aux_obs), "aux_returns": phase(aux_returns),
-        }  # fmt: skip
-
-    def checkpoint_after(iteration):
-        """At the interval, or when a signal asked to stop (then exit). The interval's checkpoints wait for the phase's
-        end, where the phase buffer is spent and left out; only a signal mid-phase writes the phase so far."""
-        signum = int(rank_reduce([stop.signum or 0], args.world_size, mean=False)[0])  # any process's signal stops all
-        phase_end, interval = iteration % args.n_iteration == 0, args.checkpoint_interval
-        crossed = interval and iteration // interval > (iteration - args.n_iteration) // interval  # in this phase
-        if (phase_end and crossed) or signum:
-            mine, recent = my_part(iteration % args.n_iteration * envs.num_envs), (recent_returns, recent_test_returns)
-            path = write_checkpoint(run_name, iteration, global_step, agent, optimizers, mine, given, recent, args)
-        if signum:
-            writer.close()
-            raise SystemExit(stopped_by_signal(signum, f"iteration {iteration}", path, args))
-
-    def checkpoint_inside_aux(epoch, aux_state):
-        """After an auxiliary epoch but the last, with `--checkpoint-aux-epochs` or when a signal asked to stop (then
-        exit): the whole phase buffer, the old policy's logits and the epochs done, for a resume to go on from."""
-        signum = int(rank_reduce([stop.signum or 0], args.world_size, mean=False)[0])
-        if epoch == args.e_auxiliary or not (signum or args.checkpoint_aux_epochs):
-            return
-        mine = {**my_part(aux_obs.shape[1]), "aux": {**aux_state(), "epoch": epoch}}
-        recent = (recent_returns, recent_test_returns)
-        path = write_checkpoint(run_name, iteration, global_step, agent, optimizers, mine, given, recent, args, epoch)
-        if signum:
-            writer.close()
-            raise SystemExit(stopped_by_signal(signum, f"auxiliary epoch {epoch} of iteration {iteration}", path, args))
-
+    # ── the auxiliary phase with its checkpoints [22], [25] ──
+    recent, test_obs = (recent_returns, recent_test_returns), test_obs if args.eval_interval > 0 else None
+    phase = AuxiliaryPhase(run_name, agent, optimizers, envs, test_envs if args.eval_interval > 0 else None,
+                           (aux_obs, aux_returns), recent, given, stop, writer, device, args)  # fmt: skip
     if ckpt and mine.get("aux") is not None:  # stopped inside an auxiliary phase [22]: finish it, then go on
-        iteration, aux_start = ckpt["iteration"], time.time()
-        aux_stats = auxiliary_phase(
-            agent,
-            aux_optimizer,
-            aux_obs,
-            aux_returns,
-            args,
-            progress,
-            checkpoint_inside_aux,
-            mine["aux"],
-            aux_minibatch,
-        )
-        writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # the resumed part's
-        for key, value in aux_stats.items():
-            writer.add_scalar(f"losses/aux/{key}", value, global_step)
-        console(f"phase {iteration // args.n_iteration}/{args.num_phases}  aux {time.time() - aux_start:.1f}s  "
-                + "  ".join(f"{key} {value:.4f}" for key, value in aux_stats.items()))  # fmt: skip
-        checkpoint_after(iteration)
-    # ── end checkpoints ──
+        iteration = ckpt["iteration"]
+        phase.close(iteration, global_step, (next_obs, next_done, test_obs), progress, aux_minibatch, mine["aux"])
+        phase.after(iteration, global_step, (next_obs, next_done, test_obs))
+    # ── end the auxiliary phase with its checkpoints ──
 
     for iteration in range(start_iteration, args.num_iterations + 1):
         iteration_start, episodes = time.time(), []
@@ -2096,15 +2121,7 @@ def train(args: Args):
 
         # [22] The auxiliary phase closes each phase of n_iteration policy iterations.
         if iteration % args.n_iteration == 0:
-            aux_start = time.time()  # [32]
-            aux_stats = auxiliary_phase(
-                agent, aux_optimizer, aux_obs, aux_returns, args, progress, checkpoint_inside_aux, stage=aux_minibatch
-            )
-            writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # [32]
-            for name, value in aux_stats.items():
-                writer.add_scalar(f"losses/aux/{name}", value, global_step)
-            losses = "  ".join(f"{name} {value:.4f}" for name, value in aux_stats.items())
-            print(f"phase {iteration // args.n_iteration}/{args.num_phases}  {losses}", flush=True)
+            phase.close(iteration, global_step, (next_obs, next_done, test_obs), progress, aux_minibatch)  # [25] too
 
         # ── divergence guard [26]: a non-finite loss or parameter stops the run before it reaches a checkpoint ──
         losses = {f"losses/{name}": stats[name] for name in ("policy_loss", "value_loss", "entropy")}
@@ -2114,7 +2131,7 @@ def train(args: Args):
         # ── end divergence guard ──
 
         # ── checkpoints [25]: at the interval, and when a signal asked to stop ──
-        checkpoint_after(iteration)
+        phase.after(iteration, global_step, (next_obs, next_done, test_obs))
         # ── end checkpoints ──
 
     # ── torchrun [30]: a last check that every process ended with the same weights ──

@@ -18,8 +18,9 @@ MAX_CHANGED = 60  # lines of the lean PPO file that the full one removes or chan
 # prioritised minibatches, the compiled stages, the pinned copies), and since the lean files left the plumbing to the
 # full files (7 more): the console line with the time left (3 lean lines), the model write that fails in one line (3),
 # and the reset that keeps a video's first frame
-MAX_CHANGED_PPG = 73  # the full PPG file's 13 more: its auxiliary phase's call with its checkpoints and its compiled
-# stage (2), its statistics reduced over the processes and resumable (3), its separate optimizer, the policy stage's
+MAX_CHANGED_PPG = 76  # the full PPG file's 16 more: its auxiliary phase run, logged and checkpointed from one place
+# (`AuxiliaryPhase.close`, which a resume inside the phase calls too: the lean loop's 5 lines of the call and its
+# logging), its statistics reduced over the processes and resumable (3), its separate optimizer, the policy stage's
 # noise, the prioritised weights, the agent's extra flags (2)
 
 
