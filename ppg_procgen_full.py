@@ -497,6 +497,15 @@ class StatusLine:
         return getattr(self.stream, name)
 
 
+def progress(text, global_step, started, args: Args):
+    """On a status line (rank 0's terminal, set up by `train`): `text`, the step, the steps per second since
+    `started` (a time and a step) and the time left."""
+    if isinstance(sys.stdout, StatusLine):
+        total, sps = args.num_iterations * args.batch_size, (global_step - started[1]) / (time.time() - started[0])
+        minutes_left = (total - global_step) / max(sps, 1e-6) / 60
+        sys.stdout.show(f"{text}  step {global_step}/{total}  SPS {sps:.0f}  {minutes_left:.1f} min left")
+
+
 # ── end status line ──
 
 
@@ -1643,11 +1652,12 @@ class AuxiliaryPhase:
         self.test_envs, (self.aux_obs, self.aux_returns), self.recent, self.given = test_envs, aux, recent, given
         self.stop, self.writer, self.device, self.args = stop, writer, device, args
 
-    def close(self, iteration, global_step, last, progress, stage, resume=None):
+    def close(self, iteration, global_step, last, started, stage, resume=None):
         """The auxiliary phase (`resume`: the rest of one), its statistics and seconds logged at `global_step`."""
         aux_start, after = time.time(), functools.partial(self.inside, iteration, global_step, last)  # [32]
-        aux = (self.aux_obs, self.aux_returns)
-        aux_stats = auxiliary_phase(self.agent, self.optimizers[-1], *aux, self.args, progress, after, resume, stage)
+        aux, show = (self.aux_obs, self.aux_returns), functools.partial(progress, global_step=global_step,
+                                                                        started=started, args=self.args)  # fmt: skip
+        aux_stats = auxiliary_phase(self.agent, self.optimizers[-1], *aux, self.args, show, after, resume, stage)
         self.writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # [32]
         for name, value in aux_stats.items():
             self.writer.add_scalar(f"losses/aux/{name}", value, global_step)
@@ -1947,13 +1957,7 @@ def train(args: Args):
     # ── the status line: drawn by `progress`, on rank 0's terminal only ──
     if sys.stdout.isatty() and args.rank == 0 and not isinstance(sys.stdout, StatusLine):
         sys.stdout = StatusLine(sys.stdout)
-
-    def progress(text):
-        if isinstance(sys.stdout, StatusLine):
-            total, sps = args.num_iterations * args.batch_size, (global_step - start_step) / (time.time() - start_time)
-            minutes_left = (total - global_step) / max(sps, 1e-6) / 60
-            sys.stdout.show(f"{text}  step {global_step}/{total}  SPS {sps:.0f}  {minutes_left:.1f} min left")
-
+    started = (start_time, start_step)
     # ── end status line ──
 
     # ── the auxiliary phase with its checkpoints [22], [25] ──
@@ -1962,7 +1966,7 @@ def train(args: Args):
                            (aux_obs, aux_returns), recent, given, stop, writer, device, args)  # fmt: skip
     if ckpt and mine.get("aux") is not None:  # stopped inside an auxiliary phase [22]: finish it, then go on
         iteration = ckpt["iteration"]
-        phase.close(iteration, global_step, (next_obs, next_done, test_obs), progress, aux_minibatch, mine["aux"])
+        phase.close(iteration, global_step, (next_obs, next_done, test_obs), started, aux_minibatch, mine["aux"])
         phase.after(iteration, global_step, (next_obs, next_done, test_obs))
     # ── end the auxiliary phase with its checkpoints ──
 
@@ -2005,7 +2009,7 @@ def train(args: Args):
             next_obs = to_device("obs", next_obs)
             next_done = to_device("done", np.logical_or(terminations, truncations), torch.float32)
             log_episodes(episodes, infos, global_step, "")
-            progress(f"{where}  rollout {step + 1}/{args.num_steps}")
+            progress(f"{where}  rollout {step + 1}/{args.num_steps}", global_step, started, args)
 
         # ── folded and pipelined rollouts [35] ──: the test envs' episodes, at the end, as the test loop logs them
         if folded:
@@ -2071,7 +2075,7 @@ def train(args: Args):
                 clipfracs.append(stats["clipfrac"])
                 if mb_weights is not None:  # [29]
                     mb_weight_means.append(mb_weights.mean())
-                progress(f"{where}  update, epoch {epoch + 1}")
+                progress(f"{where}  update, epoch {epoch + 1}", global_step, started, args)
 
             # [18] Early stop once the policy moved too far
             if (
@@ -2121,7 +2125,7 @@ def train(args: Args):
 
         # [22] The auxiliary phase closes each phase of n_iteration policy iterations.
         if iteration % args.n_iteration == 0:
-            phase.close(iteration, global_step, (next_obs, next_done, test_obs), progress, aux_minibatch)  # [25] too
+            phase.close(iteration, global_step, (next_obs, next_done, test_obs), started, aux_minibatch)  # [25] too
 
         # ── divergence guard [26]: a non-finite loss or parameter stops the run before it reaches a checkpoint ──
         losses = {f"losses/{name}": stats[name] for name in ("policy_loss", "value_loss", "entropy")}

@@ -464,6 +464,15 @@ class StatusLine:
         return getattr(self.stream, name)
 
 
+def progress(text, global_step, started, args: Args):
+    """On a status line (rank 0's terminal, set up by `train`): `text`, the step, the steps per second since
+    `started` (a time and a step) and the time left."""
+    if isinstance(sys.stdout, StatusLine):
+        total, sps = args.num_iterations * args.batch_size, (global_step - started[1]) / (time.time() - started[0])
+        minutes_left = (total - global_step) / max(sps, 1e-6) / 60
+        sys.stdout.show(f"{text}  step {global_step}/{total}  SPS {sps:.0f}  {minutes_left:.1f} min left")
+
+
 # ── end status line ──
 
 
@@ -1723,13 +1732,7 @@ def train(args: Args):
     # ── the status line: drawn by `progress`, on rank 0's terminal only ──
     if sys.stdout.isatty() and args.rank == 0 and not isinstance(sys.stdout, StatusLine):
         sys.stdout = StatusLine(sys.stdout)
-
-    def progress(text):
-        if isinstance(sys.stdout, StatusLine):
-            total, sps = args.num_iterations * args.batch_size, (global_step - start_step) / (time.time() - start_time)
-            minutes_left = (total - global_step) / max(sps, 1e-6) / 60
-            sys.stdout.show(f"{text}  step {global_step}/{total}  SPS {sps:.0f}  {minutes_left:.1f} min left")
-
+    started = (start_time, start_step)
     # ── end status line ──
 
     for iteration in range(start_iteration, args.num_iterations + 1):
@@ -1768,7 +1771,7 @@ def train(args: Args):
             next_obs = to_device("obs", next_obs)
             next_done = to_device("done", np.logical_or(terminations, truncations), torch.float32)
             log_episodes(episodes, infos, global_step, "")
-            progress(f"{where}  rollout {step + 1}/{args.num_steps}")
+            progress(f"{where}  rollout {step + 1}/{args.num_steps}", global_step, started, args)
 
         # ── folded and pipelined rollouts [35] ──: the test envs' episodes, at the end, as the test loop logs them
         if folded:
@@ -1830,7 +1833,7 @@ def train(args: Args):
                 clipfracs.append(stats["clipfrac"])
                 if mb_weights is not None:  # [29]
                     mb_weight_means.append(mb_weights.mean())
-                progress(f"{where}  update, epoch {epoch + 1}")
+                progress(f"{where}  update, epoch {epoch + 1}", global_step, started, args)
 
             # [18] Early stop once the policy moved too far
             if (

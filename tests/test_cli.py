@@ -295,8 +295,14 @@ def test_train_puts_back_the_process_settings(tmp_path, monkeypatch, name):
         return sys.stdout, handlers, torch.distributions.Distribution._validate_args
 
     before = settings()
+    shown = []  # what the status line was asked to draw (it draws at most 4 times a second)
+    monkeypatch.setattr(script.StatusLine, "show", lambda self, text: shown.append(text))
     script.train(parse(script, [*smoke_args(name), "--device", "cpu"]))
     assert settings() == before
+    # the rollout, the update and PPG's auxiliary phase, each with the step it is at and the time left
+    places = ["iter 1/2  rollout 1/32  step 4/256", "iter 2/2  update, epoch 1  step 256/256"]
+    places += ["auxiliary phase  epoch 1/1  minibatch 1/4  step 256/256"] if "ppg" in name else []
+    assert all(any(text.startswith(place) and text.endswith("min left") for text in shown) for place in places), shown
     monkeypatch.setattr(script, "compute_gae", lambda *a, **k: 1 / 0)  # fails mid-run, with everything set
     with pytest.raises(ZeroDivisionError):
         script.train(parse(script, [*smoke_args(name), "--device", "cpu", "--exp-name", "again"]))
