@@ -338,6 +338,64 @@ def test_a_speed_row_that_fails_or_times_out_is_written_and_the_rows_after_it_ru
     assert "| 100 |" in rows["PPO fp32, --rollout pipelined"]  # the row after both was measured
 
 
+def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tmp_path, monkeypatch):
+    """The GPU suite's compiled rows: one untimed compiled iteration before the first of them (and only then), its
+    seconds under the table; a CUDA-graph row whose run said inductor skipped graphs is named with the count and the
+    first reason, one that said none is named as such. `run` counts the skips from the run's stderr."""
+    import types
+
+    import throughput
+
+    scalars = {f"perf/{k}_seconds": 0.5 for k in ("env", "inference", "eval", "update", "iteration")}
+    acc = types.SimpleNamespace(Tags=lambda: {"scalars": list(scalars)},
+                                Scalars=lambda tag: [types.SimpleNamespace(value=scalars[tag])])  # fmt: skip
+    stderr = "W1126 skipping cudagraphs due to mutated inputs (1 instances)\nother\nskipping cudagraphs due to cpu\n"
+    monkeypatch.setattr(throughput, "run_logged", lambda *a: ("", types.SimpleNamespace(ru_maxrss=2**20), acc, stderr))
+    result = throughput.run("ppo_procgen_full", [], 2, 100, tmp_path)
+    assert result["cudagraph_skips"] == 2 and "mutated inputs" in result["skip_reason"]
+
+    calls, real_run = [], throughput.run
+
+    def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None):
+        calls.append((flags, iterations))
+        if "folded" in flags:  # this row's run says inductor skipped two graphs
+            return real_run(script, flags, iterations, batch, workdir, device, env, timeout)
+        monkeypatch.setattr(throughput, "run_logged", lambda *a: ("", types.SimpleNamespace(ru_maxrss=2**20), acc, ""))
+        result = real_run(script, flags, iterations, batch, workdir, device, env, timeout)
+        monkeypatch.setattr(throughput, "run_logged", lambda *a: ("", types.SimpleNamespace(ru_maxrss=2**20), acc,
+                                                                  stderr))  # fmt: skip
+        return result
+
+    monkeypatch.setattr(throughput, "run", run)
+    monkeypatch.setattr(throughput, "ceiling", lambda *a: 1000.0)
+    only = ["PPO default", "CUDA graphs, --rollout folded", "CUDA graphs (--compile reduce-overhead)"]
+    argv = [
+        "throughput.py",
+        "--suite",
+        "gpu",
+        "--device",
+        "cuda",
+        "--reps",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--only",
+        *only,
+    ]
+    monkeypatch.setattr(throughput, "machine", lambda device: "a test machine")
+    monkeypatch.setattr(sys, "argv", argv)
+    throughput.main()
+    warm_up = [c for c in calls if c[1] == 1]
+    assert len(warm_up) == 1 and calls.index(warm_up[0]) == 1 and "reduce-overhead" in warm_up[0][0]  # once, first
+    assert [iterations for _, iterations in calls] == [2, 1, 2, 2]
+    table = (tmp_path / "GPU_SPEED.md").read_text()
+    assert re.search(
+        r"- Warm-up: one iteration of PPO with `--compile reduce-overhead` from a cold cache, \d+ s", table
+    )
+    assert "folded: inductor skipped 2 CUDA graph(s); the first said `W1126 skipping cudagraphs due to mutated" in table
+    assert "(--compile reduce-overhead): no CUDA graph skipped" in table
+
+
 def test_the_loop_cost_benchmark_writes_its_table(tmp_path):
     """`loop_cost.py --quick`: each row's microseconds per rollout step, from train() on games that answer at once."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "loop_cost.py"), "--quick", "--out", str(tmp_path), "--only",
