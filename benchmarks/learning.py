@@ -265,19 +265,22 @@ def report(opts):
         lines.append(f"| {env_id} | {label} | {key} | {n} | {r['last']:,} | {r['ours']:.2f} | {runs} ({lo:.2f} to "
                      f"{hi:.2f}) | {inside} | {fractions} | {r['late_ours']:.2f} | {r['late_ref']:.2f} |")  # fmt: skip
 
-    normalised = {}  # algorithm -> game -> per seed, the test return at the last step as a normalised score
+    normalised, at_same_steps = {}, {}  # algorithm -> game -> per seed (ours) or per reference run, normalised
     for env_id, label, key, _, r in rows:
         if key == "test":
             lo, hi = EASY_RANGES[env_id]
             finals = [curve(s["test"], [r["last"]])[0] for s in found[(env_id, SCRIPT_OF[label])] if s["test"]]
             normalised.setdefault(label, {})[env_id] = [(v - lo) / (hi - lo) for v in finals]
+            at_same_steps.setdefault(label, {})[env_id] = [(v - lo) / (hi - lo) for v in r["ref"] if np.isfinite(v)]
     lines += ["", NORMALISED_INTRO]
     for label, per_game in normalised.items():
-        lines.append(f"- {label}: " + ", ".join(f"{g} {np.mean(v):.3f}" for g, v in per_game.items()))
-        common = min(len(v) for v in per_game.values())
-        if len(per_game) >= 3 and common > 0:  # runs x games, the seeds each game has in common
-            iqm, (low, high) = iqm_with_ci(np.array([v[:common] for v in per_game.values()]).T)
-            lines[-1] += f"; IQM over {len(per_game)} games {iqm:.3f} (95% CI {low:.3f} to {high:.3f}, rliable)"
+        # ours, then the reference runs at each game's same last step: runs x games, the runs each game has in common
+        for name, scores in ((label, per_game), (f"OpenAI's PPO beside {label}", at_same_steps[label])):
+            lines.append(f"- {name}: " + ", ".join(f"{g} {np.mean(v):.3f}" for g, v in scores.items()))
+            common = min(len(v) for v in scores.values())
+            if len(scores) >= 3 and common > 0:
+                iqm, (low, high) = iqm_with_ci(np.array([v[:common] for v in scores.values()]).T)
+                lines[-1] += f"; IQM over {len(scores)} games {iqm:.3f} (95% CI {low:.3f} to {high:.3f}, rliable)"
     if baselines:
         lines += ["", "Random policy on the training levels (mean of 500 episodes): "
                   + ", ".join(f"{g} {v[0]:.2f}" for g, v in baselines.items())]  # fmt: skip

@@ -284,6 +284,8 @@ def test_learning_report_from_smoke_runs(tmp_path):
         assert r[6] == "-1000.00, 1000.00, 0.00 (-1000.00 to 1000.00)" and r[7] == "yes" and r[8] == "100% (0% above)"
         assert r[10] == "0.00"
     assert re.search(r"- PPO: starpilot -?\d\.\d{3}", text) and "Random policy on the training levels" in text
+    lo, hi = __import__("learning").EASY_RANGES["starpilot"]  # the reference runs at our last step: -1000, 1000, 0
+    assert f"- OpenAI's PPO beside PPO: starpilot {(0 - lo) / (hi - lo):.3f}" in text  # their mean, normalised
     assert (tmp_path / "out" / "learning.png").read_bytes()[:4] == b"\x89PNG"
 
     # compare: a run against itself differs nowhere; PPO against PPG differs
