@@ -221,7 +221,13 @@ def run_logged(cmd, workdir, env=None, timeout=None):
             timer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL)) if timeout else None
             if timer:
                 timer.start()
-            _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak memory, which subprocess.run does not give
+            try:
+                _, status, usage = os.wait4(
+                    proc.pid, 0
+                )  # the child's own peak memory, which subprocess.run does not give
+            except BaseException:  # Ctrl-C: the run, in a session of its own, does not get it from the terminal
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise
             if timer:
                 timer.cancel()
             if status == signal.SIGKILL and timeout:

@@ -4,6 +4,7 @@ import csv
 import gzip
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -396,6 +397,19 @@ def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tm
     )
     assert "folded: inductor skipped 2 CUDA graph(s); the first said `W1126 skipping cudagraphs due to mutated" in table
     assert "(--compile reduce-overhead): no CUDA graph skipped" in table
+
+
+def test_a_row_s_run_is_stopped_with_the_benchmark(tmp_path, monkeypatch):
+    """A run starts in a session of its own (so that a time limit can stop its whole group): a Ctrl-C that stops the
+    benchmark while it waits stops the run too, which would otherwise go on without its terminal's signal."""
+    import throughput
+
+    started, popen = [], subprocess.Popen
+    monkeypatch.setattr(throughput.subprocess, "Popen", lambda *a, **k: started.append(popen(*a, **k)) or started[-1])
+    monkeypatch.setattr(throughput.os, "wait4", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))  # Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        throughput.run_logged([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path)
+    assert started[0].wait(timeout=10) == -signal.SIGKILL
 
 
 def test_the_loop_cost_benchmark_writes_its_table(tmp_path):
