@@ -50,6 +50,9 @@ def run_step(cmd, timeout, env):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             return None, proc.communicate()[0]
+        except BaseException:  # Ctrl-C: the step, in a session of its own, does not get it from the terminal
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
     return proc.returncode, output
 
 

@@ -412,6 +412,18 @@ def test_a_row_s_run_is_stopped_with_the_benchmark(tmp_path, monkeypatch):
     assert started[0].wait(timeout=10) == -signal.SIGKILL
 
 
+def test_a_kit_step_is_stopped_with_the_kit(monkeypatch):
+    """The kit's steps run in sessions of their own too: a Ctrl-C while one runs stops its whole group."""
+    gpu = __import__("gpu")
+    started, popen = [], subprocess.Popen
+    monkeypatch.setattr(popen, "communicate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))  # Ctrl-C
+    monkeypatch.setattr(gpu.subprocess, "Popen", lambda *a, **k: started.append(popen(*a, **k)) or started[-1])
+    with pytest.raises(KeyboardInterrupt):
+        gpu.run_step([sys.executable, "-c", "import time; time.sleep(60)"], 60, dict(os.environ))
+    monkeypatch.undo()
+    assert started[0].wait(timeout=10) == -signal.SIGKILL
+
+
 def test_the_loop_cost_benchmark_writes_its_table(tmp_path):
     """`loop_cost.py --quick`: each row's microseconds per rollout step, from train() on games that answer at once."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "loop_cost.py"), "--quick", "--out", str(tmp_path), "--only",
