@@ -183,7 +183,8 @@ def main():
         print(f"{title}: {verdict} in {seconds:.0f} s: {summary}", flush=True)
         lines += [f"## {title}", "", f"`{' '.join(Path(c).name if c.startswith('/') else c for c in cmd)}`: "
                   f"{verdict.lower()}, {seconds:.0f} s; `{summary}`", ""]  # fmt: skip
-        lines += [f"- {failure}" for failure in failed_tests(output)] + ([""] if failed_tests(output) else [])
+        failures = failed_tests(output)
+        lines += [f"- {failure}" for failure in failures] + ([""] if failures else [])
         if table and (opts.out / table).exists():
             lines += [line for line in (opts.out / table).read_text().splitlines()[2:]] + [""]
         (opts.out / "GPU.md").write_text("\n".join(lines))  # after every step: a later step's fault keeps it

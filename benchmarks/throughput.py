@@ -398,22 +398,21 @@ def main():
     print("ceiling:", {t: round(v) for t, v in ceilings.items()}, flush=True)
 
     results, not_measured = {name: [] for name, *_ in configs}, {}  # a row that failed or timed out: why
-    notes = []  # the warm-up's time, the CUDA graphs skipped
+    notes = {}  # the warm-up's time; for each CUDA-graph row, what inductor said of its graphs (the last repetition)
     for rep in range(reps):
         for name, script, flags, env in configs:
             extra = sizes + (ppg_sizes if script.startswith("ppg_procgen") else [])
-            if opts.suite == "gpu" and "--compile" in flags and not any(n.startswith("Warm-up") for n in notes):
-                notes.append(warm_up(opts, extra, batch))
+            if opts.suite == "gpu" and "--compile" in flags and "warm-up" not in notes:
+                notes["warm-up"] = warm_up(opts, extra, batch)
             # 2 iterations: the first is the warm-up (compiled: the stages compile and record their graphs there)
             try:
                 result = run(script, [*flags, *extra], 2, batch, opts.out, opts.device, env, opts.timeout)
-                reason = result.pop("skip_reason")
-                if result["cudagraph_skips"]:
-                    notes.append(f"{name}: inductor skipped {result['cudagraph_skips']:g} CUDA graph(s); the first "
-                                 f"said `{reason}`")  # fmt: skip
                 results[name].append(result)
-                if "reduce-overhead" in flags and opts.device.startswith("cuda") and not result["cudagraph_skips"]:
-                    notes.append(f"{name}: no CUDA graph skipped (inductor said none on stderr)")
+                skips, reason = result["cudagraph_skips"], result.pop("skip_reason")
+                if skips:
+                    notes[name] = f"{name}: inductor skipped {skips:g} CUDA graph(s); the first said `{reason}`"
+                elif "reduce-overhead" in flags and opts.device.startswith("cuda"):
+                    notes[name] = f"{name}: no CUDA graph skipped (inductor said none on stderr)"
             except TimeoutError:  # a row that hangs or compiles too long: said in the table, the rest go on
                 not_measured[name] = f"timed out after {opts.timeout:g} s"
             except RunFailed as exc:  # a row that fails: its exit status and last stderr lines, the rest go on
@@ -426,7 +425,9 @@ def main():
                     f"rep {rep + 1}/{reps}  {name}: {r['sps']:.0f} steps/s, peak {r['peak_rss_gib']:.2f} GiB",
                     flush=True,
                 )
-            write_results(opts, configs, results, rep + 1, reps, ceilings, envs, batch, not_measured, notes)  # each row
+            write_results(
+                opts, configs, results, rep + 1, reps, ceilings, envs, batch, not_measured, list(notes.values())
+            )
     if not_measured:  # the tables are written; the exit status says that a row is missing
         raise SystemExit(f"throughput.py: {len(not_measured)} row(s) not measured: {', '.join(not_measured)}")
 

@@ -69,17 +69,22 @@ if argv[0].endswith("throughput.py") and argv[1:3] == ["--tiny-network", "ppo_pr
 """
 
 
+def planted(tmp_path, code):
+    """The environment of a run whose every Python process first runs `code` (a `sitecustomize` on its path)."""
+    (tmp_path / "plant").mkdir()
+    (tmp_path / "plant" / "sitecustomize.py").write_text(code)
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plant"), os.environ.get("PYTHONPATH")])),
+    }
+
+
 def test_the_gpu_kit_runs_every_step_in_quick_mode_whatever_its_rows_do(tmp_path):
     """The GPU kit on a CPU (`--quick`): its four steps run and GPU.md gathers them. Of the speed table's three rows one
     is made to fail and one to hang past the row time limit: the table is written with the third row measured, and
     names the other two with the exit status and last stderr line, or the time limit; the host side's table likewise,
     with its lean row made to fail and its full row's training steps/s, procgen alone's, their ratio and the parts."""
-    (tmp_path / "plant").mkdir()
-    (tmp_path / "plant" / "sitecustomize.py").write_text(PLANTED)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plant"), os.environ.get("PYTHONPATH")])),
-    }
+    env = planted(tmp_path, PLANTED)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path / "kit"),
            "--row-timeout", "60"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
@@ -128,14 +133,10 @@ def test_the_gpu_kit_stops_a_step_past_its_time_limit_and_says_so(tmp_path):
 def test_the_gpu_kit_stops_at_once_where_procgen_does_not_load(tmp_path):
     """A machine whose procgen cannot load its library (one GPU machine lacked libGL.so.1) stops the kit before its
     first step, in one line that says why; GPU.md says it too."""
-    (tmp_path / "plant").mkdir()
-    (tmp_path / "plant" / "sitecustomize.py").write_text(
-        "import sys\nif sys.argv[0] == '-c':\n    raise SystemExit(\"OSError: cannot load library 'libenv.so'\")\n"
+    env = planted(
+        tmp_path,
+        "import sys\nif sys.argv[0] == '-c':\n    raise SystemExit(\"OSError: cannot load library 'libenv.so'\")\n",
     )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plant"), os.environ.get("PYTHONPATH")])),
-    }
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path / "kit")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 1 and "procgen does not load" in proc.stderr and "libenv.so" in proc.stderr, proc.stderr
@@ -399,27 +400,26 @@ def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tm
     assert "(--compile reduce-overhead): no CUDA graph skipped" in table
 
 
-def test_a_row_s_run_is_stopped_with_the_benchmark(tmp_path, monkeypatch):
-    """A run starts in a session of its own (so that a time limit can stop its whole group): a Ctrl-C that stops the
-    benchmark while it waits stops the run too, which would otherwise go on without its terminal's signal."""
-    import throughput
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
-    started, popen = [], subprocess.Popen
-    monkeypatch.setattr(throughput.subprocess, "Popen", lambda *a, **k: started.append(popen(*a, **k)) or started[-1])
-    monkeypatch.setattr(throughput.os, "wait4", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))  # Ctrl-C
+
+@pytest.mark.parametrize(
+    "module,waits_in,call",
+    [
+        ("throughput", "wait4", lambda module, tmp_path: module.run_logged(SLEEPER, tmp_path)),
+        ("gpu", "communicate", lambda module, tmp_path: module.run_step(SLEEPER, 60, dict(os.environ))),
+    ],
+    ids=["speed row", "kit step"],
+)
+def test_a_run_in_a_session_of_its_own_is_stopped_by_ctrl_c(module, waits_in, call, tmp_path, monkeypatch):
+    """A speed row's run and a kit step start in sessions of their own (so that a time limit can stop the whole
+    group): a Ctrl-C that stops the benchmark while it waits stops them too, which the terminal's signal would not."""
+    module, started, popen = __import__(module), [], subprocess.Popen
+    ctrl_c = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt())  # noqa: E731
+    monkeypatch.setattr(os if waits_in == "wait4" else popen, waits_in, ctrl_c)
+    monkeypatch.setattr(module.subprocess, "Popen", lambda *a, **k: started.append(popen(*a, **k)) or started[-1])
     with pytest.raises(KeyboardInterrupt):
-        throughput.run_logged([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path)
-    assert started[0].wait(timeout=10) == -signal.SIGKILL
-
-
-def test_a_kit_step_is_stopped_with_the_kit(monkeypatch):
-    """The kit's steps run in sessions of their own too: a Ctrl-C while one runs stops its whole group."""
-    gpu = __import__("gpu")
-    started, popen = [], subprocess.Popen
-    monkeypatch.setattr(popen, "communicate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))  # Ctrl-C
-    monkeypatch.setattr(gpu.subprocess, "Popen", lambda *a, **k: started.append(popen(*a, **k)) or started[-1])
-    with pytest.raises(KeyboardInterrupt):
-        gpu.run_step([sys.executable, "-c", "import time; time.sleep(60)"], 60, dict(os.environ))
+        call(module, tmp_path)
     monkeypatch.undo()
     assert started[0].wait(timeout=10) == -signal.SIGKILL
 
