@@ -476,8 +476,13 @@ def host_suite(opts):
         raise SystemExit(f"throughput.py: {len(not_measured)} row(s) not measured: {', '.join(not_measured)}")
 
 
+# a row that has not run when a table is written: the table is rewritten after every row, so where a time limit stops
+# the benchmark (the GPU kit's step), the rows it never reached stay named in the table
+NOT_RUN = "not run: the benchmark is still going, or was stopped before this row"
+
+
 def write_host(opts, results, not_measured, reps, batch):
-    """HOST.md: the medians of the rows measured so far; a row that failed says why."""
+    """HOST.md: the medians of the rows measured so far; a row that failed says why, one not run yet says so."""
     cmd = "python benchmarks/throughput.py --suite host" + (" --quick" if opts.quick else "")
     cmd += (f" --reps {opts.reps}" if opts.reps else "") + (f" --device {opts.device}" if opts.device != "cpu" else "")
     cmd += " --only " + " ".join(f'"{text}"' for text in opts.only) if opts.only else ""
@@ -507,13 +512,18 @@ def write_host(opts, results, not_measured, reps, batch):
                  for part in ("env", "inference", "eval", "update")]  # fmt: skip
         lines.append(f"| {name} | {med['sps']:.0f} | {med['alone_sps']:.0f} | {ratio:.2f} | {' | '.join(parts)} |")
     lines += [f"| {name} | {why} |  |  |  |  |  |  |" for name, why in not_measured.items() if not results[name]]
+    lines += [
+        f"| {name} | {NOT_RUN} |  |  |  |  |  |  |"
+        for name in results
+        if name not in not_measured and not results[name]
+    ]
     (opts.out / "HOST.md").write_text("\n".join([*lines, ""]))
     print(f"wrote {opts.out / 'HOST.md'}")
 
 
 def write_results(opts, configs, results, done, reps, ceilings, envs, batch, not_measured=None, notes=()):
     """The table (and chart) of the medians over the repetitions measured so far (`done`: the one going on); rows not
-    measured yet are left out, and rows that failed or timed out say why (`not_measured`: name -> why)."""
+    measured yet say so, and rows that failed or timed out say why (`not_measured`: name -> why)."""
     med = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for name, rows in results.items()
            if rows}  # fmt: skip
     base = next(iter(med.values()), None)
@@ -557,6 +567,8 @@ def write_results(opts, configs, results, done, reps, ceilings, envs, batch, not
     lines += [
         f"| {name} | {why} |  |  |  |  |  |  |  |  |" for name, why in (not_measured or {}).items() if name not in med
     ]
+    lines += [f"| {name} | {NOT_RUN} |  |  |  |  |  |  |  |  |" for name in results
+              if name not in med and name not in (not_measured or {})]  # fmt: skip
     lines += ["", *(f"- {note}" for note in notes)] if notes else []
     lines += ["", "![throughput](throughput.png)", ""]
     if opts.suite in ("options", "gpu"):

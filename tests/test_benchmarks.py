@@ -313,15 +313,19 @@ def test_a_speed_table_run_past_its_time_limit_is_killed_and_said(tmp_path):
 
 def test_a_speed_row_that_fails_or_times_out_is_written_and_the_rows_after_it_run(tmp_path, monkeypatch):
     """The speed table goes on past a row whose run fails or times out, and writes each as it is known: a failed row
-    with its exit status and the last lines of its stderr, a row past its time limit as such, the rows after both."""
+    with its exit status and the last lines of its stderr, a row past its time limit as such, the rows after both,
+    each named as not run until it has run (a benchmark stopped there leaves it so)."""
     import throughput
 
     failing = [sys.executable, "-c", "import sys; print('no such kernel', file=sys.stderr); sys.exit(3)"]
     hanging = [sys.executable, "-c", "import time; time.sleep(30)"]
     measured = {"sps": 100.0, "peak_rss_gib": 1.0, **{f"perf/{k}_seconds": 0.1 for k in ("env", "inference", "eval")}}
     measured |= {"perf/update_seconds": 0.2, "row_seconds": 3.0, "cudagraph_skips": 0, "skip_reason": ""}
+    tables = []
 
     def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None):
+        if "pipelined" in flags:  # the last row: the table as a time limit stopping the benchmark here would leave it
+            tables.append((workdir / "RESULTS.md").read_text())
         if env or "folded" in flags:  # the OMP_WAIT_POLICY row fails, the folded row hangs: real processes, as rows run
             throughput.run_logged(failing if env else hanging, workdir, env, timeout=0.5)
         return dict(measured)
@@ -340,6 +344,29 @@ def test_a_speed_row_that_fails_or_times_out_is_written_and_the_rows_after_it_ru
     assert "failed, exit status 3: no such kernel" in rows["PPO fp32, OMP_WAIT_POLICY=PASSIVE"]
     assert "timed out after 0.5 s" in rows["PPO fp32, --rollout folded"]
     assert "| 100 |" in rows["PPO fp32, --rollout pipelined"]  # the row after both was measured
+    assert f"| PPO fp32, --rollout pipelined | {throughput.NOT_RUN} |" in tables[0]  # named before it ran
+
+
+def test_the_host_table_names_each_row_not_run_yet(tmp_path, monkeypatch):
+    """HOST.md is rewritten after every row; until a row has run it names it as not run, so a step stopped at its time
+    limit (the GPU kit's) leaves a table that says which rows it never reached."""
+    import throughput
+
+    tables = []
+
+    def host_run(script, flags, iterations, batch, workdir, device, env):
+        tables.append((workdir / "HOST.md").read_text() if (workdir / "HOST.md").exists() else "")
+        return {"sps": 50.0, "alone_sps": 100.0}
+
+    monkeypatch.setattr(throughput, "host_run", host_run)
+    argv = ["throughput.py", "--suite", "host", "--quick", "--reps", "1", "--out", str(tmp_path), "--only", "lean",
+            "pipelined"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    throughput.main()
+    assert tables[0] == ""  # nothing written before the first row
+    assert "| PPO lean (ppo_procgen.py) | 50 | 100 | 0.50 |" in tables[1]
+    assert f"| PPO full, --rollout pipelined | {throughput.NOT_RUN} |" in tables[1]
+    assert throughput.NOT_RUN not in (tmp_path / "HOST.md").read_text()  # every row ran
 
 
 def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tmp_path, monkeypatch):
