@@ -17,7 +17,8 @@ The steps, each timed, each one's output kept beside GPU.md:
 A failing step is reported and the kit goes on with the next; it exits 1 if any failed. Each step has a time limit
 (`--timeout`, seconds; the four defaults sum to 9.5 minutes): one that hangs is stopped with every process it
 started, reported as timed out in GPU.md with the output it gave, and the kit goes on. Every table is written as soon
-as it has a row, GPU.md after every step.
+as it has a row and again after each, naming the rows not run yet (a step stopped at its limit leaves them named);
+GPU.md after every step.
 """
 
 import argparse
