@@ -11,7 +11,8 @@
 `report` reads the events back and writes `learning.png` (for each game, the training-level and test-level returns
 against steps: the reference runs' range as a band, ours as lines) and `LEARNING.md` (at each run's last step, ours
 beside the reference runs' values, the fraction of our logged points inside their range, the last tenth's means, and
-the normalised test scores, aggregated over games with rliable's IQM where three or more games ran). `compare` sets
+the normalised test scores, aggregated over games with rliable's IQM where three or more games ran), and `curves.csv`
+(our curves as charted: each run's mean return of the last 100 episodes at every logged step). `compare` sets
 two runs' statistics side by side; `phases` tabulates a PPG run phase by phase, beside a PPO run of the same seed.
 """
 
@@ -94,7 +95,7 @@ def run(opts, extra):
 
 
 def read_runs(runs_dirs):
-    """{(env_id, script): [per seed: {"logged": [step], "train": [(step, r)], "test": [(step, r)]}]}"""
+    """{(env_id, script): [per seed: {"logged": [step], "train": [(step, r)], "test": [(step, r)], "seed": seed}]}"""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     found = {}
@@ -110,6 +111,7 @@ def read_runs(runs_dirs):
         series = {key: [(e.step, e.value) for e in acc.Scalars(f"charts/{tag}")] if f"charts/{tag}" in tags else []
                   for key, tag in (("train", "episodic_return"), ("test", "test_episodic_return"))}  # fmt: skip
         series["logged"] = [e.step for e in acc.Scalars("charts/SPS")] if "charts/SPS" in tags else []  # iterations
+        series["seed"] = int(m.group(3))
         found.setdefault((m.group(1), m.group(2)), []).append(series)
     return found
 
@@ -224,12 +226,17 @@ def report(opts):
     reference = read_reference(opts.reference)
     opts.out.mkdir(parents=True, exist_ok=True)
     games = sorted({env_id for env_id, _ in found})
-    fig, axes = plt.subplots(2, len(games), figsize=(6 * len(games), 8), squeeze=False)
+    cols = min(len(games), 4)  # four games a row, each a column of two charts (training levels over test levels)
+    lines_of_games = -(-len(games) // cols)
+    fig, axes = plt.subplots(2 * lines_of_games, cols, figsize=(6 * cols, 4 * 2 * lines_of_games), squeeze=False)
+    for empty in range(len(games), lines_of_games * cols):  # the last line's places left over
+        axes[2 * (empty // cols)][empty % cols].set_visible(False)
+        axes[2 * (empty // cols) + 1][empty % cols].set_visible(False)
     rows, colours = [], {"PPO": "tab:blue", "PPG": "tab:red"}
-    for col, env_id in enumerate(games):
+    for place, env_id in enumerate(games):
         horizon = max(logged_steps(s)[-1] for (g, _), seeds in found.items() if g == env_id for s in seeds)
         for row, key in enumerate(("train", "test")):
-            ax = axes[row][col]
+            ax = axes[2 * (place // cols) + row][place % cols]
             ref = reference.get((env_id, key), [])
             if ref:  # the reference runs as a band (their range) around their mean, up to a little past ours
                 grid = ref[0][0][ref[0][0] <= horizon * 1.1]
@@ -252,9 +259,19 @@ def report(opts):
             ax.set_xlabel("environment steps")
             ax.set_ylabel("mean return of the last 100 episodes")
             ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle(textwrap.fill(opts.title, 90 * len(games)), fontsize=8)
+    fig.suptitle(textwrap.fill(opts.title, 90 * cols), fontsize=8)
     fig.tight_layout()
     fig.savefig(opts.out / "learning.png", dpi=100)
+
+    with open(opts.out / "curves.csv", "w", newline="") as f:  # what the chart draws of ours, to chart or test again
+        table = csv.writer(f)
+        table.writerow(["game", "algorithm", "seed", "step", "train", "test"])
+        for (env_id, script), seeds in sorted(found.items()):
+            for s in seeds:
+                steps = logged_steps(s)
+                for step, *returns in zip(steps, curve(s["train"], steps), curve(s["test"], steps), strict=True):
+                    cells = [f"{v:.4f}" if np.isfinite(v) else "" for v in returns]
+                    table.writerow([env_id, SCRIPTS[script], s["seed"], int(step), *cells])
 
     lines = [f"# Learning beside OpenAI's PPO runs: {opts.title}", "", TABLE_INTRO]
     for env_id, label, key, n, r in rows:
@@ -286,7 +303,7 @@ def report(opts):
                   + ", ".join(f"{g} {v[0]:.2f}" for g, v in baselines.items())]  # fmt: skip
     lines += ["", "![learning curves](learning.png)", ""]
     (opts.out / "LEARNING.md").write_text("\n".join(lines))
-    print(f"wrote {opts.out / 'LEARNING.md'} and {opts.out / 'learning.png'}")
+    print(f"wrote {opts.out / 'LEARNING.md'}, {opts.out / 'learning.png'} and {opts.out / 'curves.csv'}")
 
 
 COMPARED = (
@@ -405,7 +422,7 @@ def parse(argv):
     p_run.add_argument("--parallel", type=int, default=1, help="runs at a time")
     p_run.add_argument("--random-episodes", type=int, default=500, help="episodes of the random-policy baseline")
     p_report = sub.add_parser("report", help="plot and tabulate the runs")
-    p_report.add_argument("--out", type=Path, default=HERE, help="where learning.png and LEARNING.md go")
+    p_report.add_argument("--out", type=Path, default=HERE, help="where learning.png, LEARNING.md and curves.csv go")
     p_report.add_argument("--title", default="returns against steps", help="what the runs were (machine, steps)")
     p_report.add_argument("--reference", type=Path, default=REFERENCE, help="the reference runs' curves (csv.gz)")
     p_run.add_argument("--runs", type=Path, default=HERE / "learning_runs", help="the folder holding runs/")

@@ -261,6 +261,35 @@ def test_iqm_over_games_is_the_interquartile_mean_with_an_interval_around_it():
     assert learning.iqm_with_ci(scores) == (iqm, (low, high))  # a fixed seed: the same interval on every report
 
 
+def test_the_learning_chart_gives_every_game_its_own_two_charts(tmp_path, monkeypatch):
+    """Five games (two lines of four places): each game's training and test charts stand one over the other in a
+    place of their own, the three places left over hidden."""
+    import matplotlib.figure
+
+    learning = __import__("learning")
+    games = ["bigfish", "climber", "coinrun", "dodgeball", "fruitbot"]
+    run = {"logged": [100, 200], "train": [(50, 1.0), (150, 2.0)], "test": [(60, 0.5)], "seed": 1}
+    monkeypatch.setattr(learning, "read_runs", lambda runs_dirs: {(g, "ppo_procgen"): [run] for g in games})
+    write_reference(
+        tmp_path / "ref.csv.gz", {(g, k): [[(0, 0.0), (300, 3.0)]] * 3 for g in games for k in ("train", "test")}
+    )
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    opts = __import__("argparse").Namespace(runs=[tmp_path], out=tmp_path / "out", title="five games",
+                                            reference=tmp_path / "ref.csv.gz")  # fmt: skip
+    learning.report(opts)
+    grid = figures[0].axes[0].get_gridspec()
+    places = {}
+    for ax in figures[0].axes:
+        spec = ax.get_subplotspec()
+        places[spec.rowspan.start, spec.colspan.start] = ax.get_title() if ax.get_visible() else None
+    assert (grid.nrows, grid.ncols) == (4, 4)
+    for place, game in enumerate(games):
+        line, col = 2 * (place // 4), place % 4
+        assert places[line, col] == f"{game}, training levels" and places[line + 1, col] == f"{game}, test levels (all)"
+    assert [places[line, col] for line in (2, 3) for col in (1, 2, 3)] == [None] * 6
+
+
 def test_learning_report_from_smoke_runs(tmp_path):
     runs, learning = tmp_path / "runs_dir", ROOT / "benchmarks" / "learning.py"
     for name in ("ppo_procgen", "ppg_procgen"):  # real small runs, each with its own smoke flags but 8 test envs,
@@ -289,6 +318,11 @@ def test_learning_report_from_smoke_runs(tmp_path):
     lo, hi = __import__("learning").EASY_RANGES["starpilot"]  # the reference runs at our last step: -1000, 1000, 0
     assert f"- OpenAI's PPO beside PPO: starpilot {(0 - lo) / (hi - lo):.3f}" in text  # their mean, normalised
     assert (tmp_path / "out" / "learning.png").read_bytes()[:4] == b"\x89PNG"
+    with open(tmp_path / "out" / "curves.csv") as f:  # the curves charted: at the last step, the table's values
+        curves = {(r["algorithm"], r["seed"], r["step"]): r for r in csv.DictReader(f)}
+    assert sorted(curves) == [(a, "1", step) for a in ("PPG", "PPO") for step in ("128", "256")]
+    for r in rows:
+        assert f"{float(curves[r[1], '1', '256'][r[2]]):.2f}" == r[5]
 
     # compare: a run against itself differs nowhere; PPO against PPG differs
     ppg_run, ppo_run = sorted((runs / "runs").iterdir())
