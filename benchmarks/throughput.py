@@ -221,10 +221,8 @@ def run_logged(cmd, workdir, env=None, timeout=None):
             timer = threading.Timer(timeout, os.killpg, (proc.pid, signal.SIGKILL)) if timeout else None
             if timer:
                 timer.start()
-            try:
-                _, status, usage = os.wait4(
-                    proc.pid, 0
-                )  # the child's own peak memory, which subprocess.run does not give
+            try:  # os.wait4: the child's own peak memory, which subprocess.run does not give
+                _, status, usage = os.wait4(proc.pid, 0)
             except BaseException:  # Ctrl-C: the run, in a session of its own, does not get it from the terminal
                 os.killpg(proc.pid, signal.SIGKILL)
                 raise
@@ -511,11 +509,8 @@ def write_host(opts, results, not_measured, reps, batch):
         parts = [f"{med[f'perf/{part}_seconds']:.2f}" if f"perf/{part}_seconds" in med else ""
                  for part in ("env", "inference", "eval", "update")]  # fmt: skip
         lines.append(f"| {name} | {med['sps']:.0f} | {med['alone_sps']:.0f} | {ratio:.2f} | {' | '.join(parts)} |")
-    lines += [f"| {name} | {why} |  |  |  |  |  |  |" for name, why in not_measured.items() if not results[name]]
     lines += [
-        f"| {name} | {NOT_RUN} |  |  |  |  |  |  |"
-        for name in results
-        if name not in not_measured and not results[name]
+        f"| {name} | {not_measured.get(name, NOT_RUN)} |  |  |  |  |  |  |" for name in results if not results[name]
     ]
     (opts.out / "HOST.md").write_text("\n".join([*lines, ""]))
     print(f"wrote {opts.out / 'HOST.md'}")
@@ -564,11 +559,8 @@ def write_results(opts, configs, results, done, reps, ceilings, envs, batch, not
             f"{m['perf/inference_seconds']:.2f} | {m['perf/eval_seconds']:.2f} | {m['perf/update_seconds']:.2f} | "
             f"{aux} | {m['peak_rss_gib']:.2f} | {m['row_seconds']:.0f} |"
         )
-    lines += [
-        f"| {name} | {why} |  |  |  |  |  |  |  |  |" for name, why in (not_measured or {}).items() if name not in med
-    ]
-    lines += [f"| {name} | {NOT_RUN} |  |  |  |  |  |  |  |  |" for name in results
-              if name not in med and name not in (not_measured or {})]  # fmt: skip
+    why = not_measured or {}  # a row not measured: why (failed, timed out), or not run yet
+    lines += [f"| {name} | {why.get(name, NOT_RUN)} |  |  |  |  |  |  |  |  |" for name in results if name not in med]
     lines += ["", *(f"- {note}" for note in notes)] if notes else []
     lines += ["", "![throughput](throughput.png)", ""]
     if opts.suite in ("options", "gpu"):

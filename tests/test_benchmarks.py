@@ -415,7 +415,11 @@ def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tm
     acc = types.SimpleNamespace(Tags=lambda: {"scalars": list(scalars)},
                                 Scalars=lambda tag: [types.SimpleNamespace(value=scalars[tag])])  # fmt: skip
     stderr = "W1126 skipping cudagraphs due to mutated inputs (1 instances)\nother\nskipping cudagraphs due to cpu\n"
-    monkeypatch.setattr(throughput, "run_logged", lambda *a: ("", types.SimpleNamespace(ru_maxrss=2**20), acc, stderr))
+
+    def logged(said):  # a run whose events are `scalars` and whose stderr is `said`
+        return lambda *a: ("", types.SimpleNamespace(ru_maxrss=2**20), acc, said)
+
+    monkeypatch.setattr(throughput, "run_logged", logged(stderr))
     result = throughput.run("ppo_procgen_full", [], 2, 100, tmp_path)
     assert result["cudagraph_skips"] == 2 and "mutated inputs" in result["skip_reason"]
 
@@ -425,28 +429,16 @@ def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tm
         calls.append((flags, iterations))
         if "folded" in flags:  # this row's run says inductor skipped two graphs
             return real_run(script, flags, iterations, batch, workdir, device, env, timeout)
-        monkeypatch.setattr(throughput, "run_logged", lambda *a: ("", types.SimpleNamespace(ru_maxrss=2**20), acc, ""))
+        monkeypatch.setattr(throughput, "run_logged", logged(""))
         result = real_run(script, flags, iterations, batch, workdir, device, env, timeout)
-        monkeypatch.setattr(throughput, "run_logged", lambda *a: ("", types.SimpleNamespace(ru_maxrss=2**20), acc,
-                                                                  stderr))  # fmt: skip
+        monkeypatch.setattr(throughput, "run_logged", logged(stderr))
         return result
 
     monkeypatch.setattr(throughput, "run", run)
     monkeypatch.setattr(throughput, "ceiling", lambda *a: 1000.0)
     only = ["PPO default", "CUDA graphs, --rollout folded", "CUDA graphs (--compile reduce-overhead)"]
-    argv = [
-        "throughput.py",
-        "--suite",
-        "gpu",
-        "--device",
-        "cuda",
-        "--reps",
-        "1",
-        "--out",
-        str(tmp_path),
-        "--only",
-        *only,
-    ]
+    argv = ["throughput.py", "--suite", "gpu", "--device", "cuda", "--reps", "1", "--out", str(tmp_path), "--only",
+            *only]  # fmt: skip
     monkeypatch.setattr(throughput, "machine", lambda device: "a test machine")
     monkeypatch.setattr(sys, "argv", argv)
     throughput.main()
