@@ -297,7 +297,9 @@ def report(opts):
             common = min(len(v) for v in scores.values())
             if len(scores) >= 3 and common > 0:
                 iqm, (low, high) = iqm_with_ci(np.array([v[:common] for v in scores.values()]).T)
-                lines[-1] += f"; IQM over {len(scores)} games {iqm:.3f} (95% CI {low:.3f} to {high:.3f}, rliable)"
+                lines[-1] += f"; IQM over {len(scores)} games {iqm:.3f} " + (
+                    f"(95% CI {low:.3f} to {high:.3f}, rliable)" if common > 1 else "(one run a game: no interval)"
+                )  # the bootstrap resamples runs within a game: with one, its interval is the point itself
     if baselines:
         lines += ["", "Random policy on the training levels (mean of 500 episodes): "
                   + ", ".join(f"{g} {v[0]:.2f}" for g, v in baselines.items())]  # fmt: skip

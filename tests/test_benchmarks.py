@@ -261,23 +261,41 @@ def test_iqm_over_games_is_the_interquartile_mean_with_an_interval_around_it():
     assert learning.iqm_with_ci(scores) == (iqm, (low, high))  # a fixed seed: the same interval on every report
 
 
-def test_the_learning_chart_gives_every_game_its_own_two_charts(tmp_path, monkeypatch):
-    """Five games (two lines of four places): each game's training and test charts stand one over the other in a
-    place of their own, the three places left over hidden."""
+FIVE_GAMES = ["bigfish", "climber", "coinrun", "dodgeball", "fruitbot"]
+
+
+def five_game_report(tmp_path, monkeypatch):
+    """The report over five games, one run of ours each, the reference's three runs apart; returns its figures."""
     import matplotlib.figure
 
     learning = __import__("learning")
-    games = ["bigfish", "climber", "coinrun", "dodgeball", "fruitbot"]
     run = {"logged": [100, 200], "train": [(50, 1.0), (150, 2.0)], "test": [(60, 0.5)], "seed": 1}
-    monkeypatch.setattr(learning, "read_runs", lambda runs_dirs: {(g, "ppo_procgen"): [run] for g in games})
-    write_reference(
-        tmp_path / "ref.csv.gz", {(g, k): [[(0, 0.0), (300, 3.0)]] * 3 for g in games for k in ("train", "test")}
-    )
+    monkeypatch.setattr(learning, "read_runs", lambda runs_dirs: {(g, "ppo_procgen"): [run] for g in FIVE_GAMES})
+    apart = [[(0, 0.0), (300, 3.0 + i)] for i in range(3)]
+    write_reference(tmp_path / "ref.csv.gz", {(g, k): apart for g in FIVE_GAMES for k in ("train", "test")})
     figures = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
     opts = __import__("argparse").Namespace(runs=[tmp_path], out=tmp_path / "out", title="five games",
                                             reference=tmp_path / "ref.csv.gz")  # fmt: skip
     learning.report(opts)
+    return figures
+
+
+def test_the_aggregate_gives_no_interval_over_one_run_a_game(tmp_path, monkeypatch):
+    """Ours, one run a game: the IQM without an interval (the bootstrap resamples runs within a game, so with one it
+    would give the point itself as its interval); the reference's three runs a game: the IQM with its interval."""
+    five_game_report(tmp_path, monkeypatch)
+    ours, theirs = [line for line in (tmp_path / "out" / "LEARNING.md").read_text().splitlines() if "IQM" in line]
+    assert ours.startswith("- PPO: ") and ours.endswith("(one run a game: no interval)")
+    low, high = map(float, re.search(r"95% CI (\S+) to (\S+), rliable\)$", theirs).groups())
+    assert theirs.startswith("- OpenAI's PPO beside PPO: ") and low < high
+
+
+def test_the_learning_chart_gives_every_game_its_own_two_charts(tmp_path, monkeypatch):
+    """Five games (two lines of four places): each game's training and test charts stand one over the other in a
+    place of their own, the three places left over hidden."""
+    figures = five_game_report(tmp_path, monkeypatch)
+    games = FIVE_GAMES
     grid = figures[0].axes[0].get_gridspec()
     places = {}
     for ax in figures[0].axes:
