@@ -295,14 +295,13 @@ def test_the_learning_chart_gives_every_game_its_own_two_charts(tmp_path, monkey
     """Five games (two lines of four places): each game's training and test charts stand one over the other in a
     place of their own, the three places left over hidden."""
     figures = five_game_report(tmp_path, monkeypatch)
-    games = FIVE_GAMES
     grid = figures[0].axes[0].get_gridspec()
     places = {}
     for ax in figures[0].axes:
         spec = ax.get_subplotspec()
         places[spec.rowspan.start, spec.colspan.start] = ax.get_title() if ax.get_visible() else None
     assert (grid.nrows, grid.ncols) == (4, 4)
-    for place, game in enumerate(games):
+    for place, game in enumerate(FIVE_GAMES):
         line, col = 2 * (place // 4), place % 4
         assert places[line, col] == f"{game}, training levels" and places[line + 1, col] == f"{game}, test levels (all)"
     assert [places[line, col] for line in (2, 3) for col in (1, 2, 3)] == [None] * 6
