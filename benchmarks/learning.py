@@ -259,8 +259,9 @@ def report(opts):
             ax.set_xlabel("environment steps")
             ax.set_ylabel("mean return of the last 100 episodes")
             ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle(textwrap.fill(opts.title, 90 * cols), fontsize=8)
-    fig.tight_layout()
+    title = fig.suptitle(textwrap.fill(opts.title, 90 * cols), fontsize=8)
+    fig.canvas.draw()  # the title's height is known once drawn: the charts keep below it
+    fig.tight_layout(rect=(0, 0, 1, title.get_window_extent().y0 / fig.bbox.height))
     fig.savefig(opts.out / "learning.png", dpi=100)
 
     with open(opts.out / "curves.csv", "w", newline="") as f:  # what the chart draws of ours, to chart or test again

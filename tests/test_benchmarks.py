@@ -264,7 +264,7 @@ def test_iqm_over_games_is_the_interquartile_mean_with_an_interval_around_it():
 FIVE_GAMES = ["bigfish", "climber", "coinrun", "dodgeball", "fruitbot"]
 
 
-def five_game_report(tmp_path, monkeypatch):
+def five_game_report(tmp_path, monkeypatch, title="five games"):
     """The report over five games, one run of ours each, the reference's three runs apart; returns its figures."""
     import matplotlib.figure
 
@@ -275,7 +275,7 @@ def five_game_report(tmp_path, monkeypatch):
     write_reference(tmp_path / "ref.csv.gz", {(g, k): apart for g in FIVE_GAMES for k in ("train", "test")})
     figures = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
-    opts = __import__("argparse").Namespace(runs=[tmp_path], out=tmp_path / "out", title="five games",
+    opts = __import__("argparse").Namespace(runs=[tmp_path], out=tmp_path / "out", title=title,
                                             reference=tmp_path / "ref.csv.gz")  # fmt: skip
     learning.report(opts)
     return figures
@@ -305,6 +305,15 @@ def test_the_learning_chart_gives_every_game_its_own_two_charts(tmp_path, monkey
         line, col = 2 * (place // 4), place % 4
         assert places[line, col] == f"{game}, training levels" and places[line + 1, col] == f"{game}, test levels (all)"
     assert [places[line, col] for line in (2, 3) for col in (1, 2, 3)] == [None] * 6
+
+
+def test_the_learning_chart_s_title_stands_above_the_charts(tmp_path, monkeypatch):
+    """A title of several lines (a report's names its machines and commits) stays clear of the top charts' titles."""
+    fig = five_game_report(tmp_path, monkeypatch, title="a long title " * 80)[0]
+    renderer = fig.canvas.get_renderer()
+    title = fig._suptitle.get_window_extent(renderer)  # the figure title, drawn
+    assert title.height > 20  # three lines, wrapped
+    assert title.y0 >= max(ax.get_tightbbox(renderer).y1 for ax in fig.axes if ax.get_visible())
 
 
 def test_learning_report_from_smoke_runs(tmp_path):
