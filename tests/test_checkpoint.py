@@ -1,5 +1,6 @@
 """Checkpoints: exact resume, signals, the divergence guard, bad files, evaluation of a saved agent."""
 
+import copy
 import fcntl
 import os
 import shutil
@@ -50,6 +51,30 @@ def sigterm_at_call(monkeypatch, script, name, n):
     return calls
 
 
+def record_updates(monkeypatch, script, update_minibatch):
+    """`script.update_minibatch` (the given one) keeps, before each call, the weights, the optimizer's state and the
+    minibatch it starts from; the list of them."""
+    seen = []
+
+    def wrapper(agent, optimizer, mb, *rest):
+        seen.append(copy.deepcopy({"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "mb": list(mb)}))
+        return update_minibatch(agent, optimizer, mb, *rest)
+
+    monkeypatch.setattr(script, "update_minibatch", wrapper)
+    return seen
+
+
+def differences(a, b, where=""):
+    """Where two states differ, bit for bit: the paths of their keys and indices."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str) for d in differences(a.get(k), b.get(k), f"{where}/{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{where}/{i}")]
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return [] if a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) else [where]
+    return [] if type(a) is type(b) and a == b else [where]
+
+
 SEPARATE = ["--aux-optimizer", "separate"]  # PPG's auxiliary phase with an Adam of its own
 
 
@@ -60,8 +85,10 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
     flags = [*smoke_args(name), "--total-timesteps", "512", "--device", device, *extra]  # 4 iterations; PPG: 2 phases
+    update_minibatch = script.update_minibatch
+    straight_updates = record_updates(monkeypatch, script, update_minibatch)
     straight = train(script, [*flags, "--exp-name", "straight"])
-    straight_console = capsys.readouterr().out
+    straight_console, straight_updates = capsys.readouterr().out, list(straight_updates)  # this run's alone
 
     # a real SIGTERM during iteration 3 (for PPG, inside the second phase: the checkpoint carries its buffer)
     compute_gae = script.compute_gae
@@ -79,7 +106,12 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
         if extra:  # the auxiliary value head learns in the auxiliary phase only: the policy phase's Adam never saw it
             assert len(ckpt["aux_optimizer"]["state"]) == len(ckpt["optimizer"]["state"]) + 2
     monkeypatch.setattr(script, "compute_gae", compute_gae)
+    resumed_updates = record_updates(monkeypatch, script, update_minibatch)
     assert train(script, [*flags, "--exp-name", "stopped", "--resume", str(run_dir)]) == run_dir.name
+    # iteration 4's first update starts from what the uninterrupted run's did: where a resume parts from it, the
+    # path says what: the weights, Adam's moments (the restore), or the minibatch (the rollout's games or draws)
+    first = len(straight_updates) // 4 * 3
+    assert differences(straight_updates[first], resumed_updates[0]) == []
     # the console's means of the recent returns go on from the checkpoint, as in the uninterrupted run
     last = [[line.split("left)")[1] for line in out.splitlines() if line.startswith("iter 4/4")]
             for out in (straight_console, capsys.readouterr().out)]  # fmt: skip
