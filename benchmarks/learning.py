@@ -14,16 +14,22 @@ beside the reference runs' values, the fraction of our logged points inside thei
 the normalised test scores, aggregated over games with rliable's IQM where three or more games ran), and `curves.csv`
 (our curves as charted: each run's mean return of the last 100 episodes at every logged step). `compare` sets
 two runs' statistics side by side; `phases` tabulates a PPG run phase by phase, beside a PPO run of the same seed.
+`campaign` advances the protocol's 25M-step runs (`campaign/plan.json`) by one window of time: it resumes each from its
+packed state, stops it at a checkpoint before the window ends, packs it again and reports (`campaign/README.md`).
 """
 
 import argparse
 import csv
 import gzip
 import importlib
+import io
 import json
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 import warnings
@@ -411,6 +417,250 @@ def phases(opts):
     print(f"wrote {opts.out}")
 
 
+# ── campaign: the protocol's long runs, each advanced a chunk at a time by whatever window of time there is ──
+PLAN = HERE / "campaign" / "plan.json"
+ITERATION_LINE = re.compile(r"^iter (\d+)/(\d+)  step (\d+)", re.M)  # a full file's console line after an iteration
+
+
+def plan_runs(path):
+    """The plan's runs in order, by key: each a dict of script (a full file: the runs resume), env_id, seed,
+    total_timesteps, flags (default none), name (its `--exp-name`, default the lean file's name, as the report groups
+    runs) and group (the report's folder, default `defaults`: one folder a setup). The key names the run's folder."""
+    out = {}
+    for i, entry in enumerate(json.loads(Path(path).read_text())["runs"]):
+        missing = {"script", "env_id", "seed", "total_timesteps"} - entry.keys()
+        if missing or not entry["script"].endswith("_full"):
+            raise SystemExit(
+                f"--plan: run {i} needs {sorted(missing)}"
+                if missing
+                else f"--plan: run {i}: {entry['script']} is not a full file, which a chunk could not resume"
+            )
+        run = {"flags": [], "name": entry["script"].removesuffix("_full"), "group": "defaults", **entry}
+        group = "" if run["group"] == "defaults" else f"__{run['group']}"
+        key = f"{run['env_id']}__{run['name']}__{run['seed']}{group}"
+        if key in out:
+            raise SystemExit(f"--plan: {key} comes twice")
+        out[key] = run
+    return out
+
+
+def read_status(run_dir):
+    """A run's progress as the campaign keeps it in `campaign.json` beside its `runs/`."""
+    path = run_dir / "campaign.json"
+    blank = {"done": False, "iteration": 0, "iterations": None, "step": 0, "chunks": 0, "notes": []}
+    return {**blank, **json.loads(path.read_text())} if path.exists() else blank
+
+
+def newest_checkpoint(run_dir):
+    """The newest `iter_*.pt` of the run (not one set aside by a resume, nor a diverged run's diagnostic one)."""
+    found = sorted(run_dir.glob("runs/*/checkpoints/iter_*.pt"))
+    return found[-1] if found else None
+
+
+def pack(work, state, key, part_bytes):
+    """The run's folder, with its newest checkpoint alone (none once the run is done), xz-packed into `state` as
+    `key.tar.xz.NNNofMMM`, parts of at most `part_bytes`; the run's earlier parts go once the new ones are written."""
+    newest = None if read_status(work / key)["done"] else newest_checkpoint(work / key)
+
+    def kept(info):
+        path = Path(info.name)
+        dropped = "checkpoints" in path.parts and info.isfile() and (newest is None or path.name != newest.name)
+        return None if dropped or path.name == "lock" else info
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
+        tar.add(work / key, arcname=key, filter=kept)
+    data = buffer.getvalue()
+    temporary = state / f".{key}.new"
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir()
+    starts = range(0, len(data), part_bytes)
+    for n, start in enumerate(starts):  # each part says how many there are: a set mixed with another's is refused
+        (temporary / f"{key}.tar.xz.{n + 1:03d}of{len(starts):03d}").write_bytes(data[start : start + part_bytes])
+    for old in state.glob(f"{key}.tar.xz.*"):
+        old.unlink()
+    for new in temporary.iterdir():
+        new.replace(state / new.name)
+    temporary.rmdir()
+    return len(data)
+
+
+def unpack(state, work):
+    """Each run packed in `state` into `work/<key>`, unless the folder there went further (the same machine, whose
+    newer work did not travel back)."""
+    parts = {}
+    for path in sorted(state.glob("*.tar.xz.[0-9][0-9][0-9]of[0-9][0-9][0-9]")):
+        parts.setdefault(path.name.rsplit(".tar.xz.", 1)[0], []).append(path)
+    for key, files in parts.items():
+        if [f.name[-8:] for f in files] != [f"{n:03d}of{len(files):03d}" for n in range(1, len(files) + 1)]:
+            raise SystemExit(f"campaign: {state}: the parts of {key} are not one whole set: {[f.name for f in files]}")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(f.read_bytes() for f in files)), mode="r:xz") as tar:
+            packed = json.load(tar.extractfile(f"{key}/campaign.json"))
+            if read_status(work / key)["iteration"] > packed["iteration"]:
+                print(f"campaign: {key}: {work / key} is further on than {state}; it goes on from there", flush=True)
+                continue
+            shutil.rmtree(work / key, ignore_errors=True)
+            tar.extractall(work, filter="data")
+
+
+class Chunk:
+    """One run's process in this window: its log, read as it grows for the iterations it closes."""
+
+    def __init__(self, key, run, work, extra, checkpoint_interval):
+        self.key, self.dir, self.status = key, work / key, read_status(work / key)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        ckpt = newest_checkpoint(self.dir)
+        if ckpt is None and (self.status["iteration"] or (self.dir / "runs").exists()):
+            note = f"its checkpoint is lost: starts afresh (its {self.status['step']:,} steps logged are dropped)"
+            print(f"campaign: {key}: {note}", flush=True)
+            self.status["notes"].append(note)
+            shutil.rmtree(self.dir / "runs", ignore_errors=True)
+            self.status.update(iteration=0, step=0)
+        if ckpt is not None:  # its flags are the checkpoint's (`--resume` makes them the defaults)
+            flags = ["--resume", str(ckpt.parent.parent.relative_to(self.dir))]
+        else:
+            flags = [
+                "--env-id",
+                run["env_id"],
+                "--seed",
+                str(run["seed"]),
+                "--total-timesteps",
+                str(run["total_timesteps"]),
+                "--exp-name",
+                run["name"],
+                "--checkpoint-interval",
+                str(checkpoint_interval),
+                "--keep-checkpoints",
+                "2",
+                *run["flags"],
+            ]
+        cmd = [sys.executable, str(ROOT / f"{run['script']}.py"), *flags, *extra]
+        self.log = self.dir / "log.txt"
+        with open(self.log, "a") as log:
+            log.write(f"\n# campaign, chunk {self.status['chunks'] + 1}: {' '.join(cmd[1:])}\n")
+        self.offset, self.iterations, self.signalled = self.log.stat().st_size, 0, None
+        print(f"campaign: {key}: " + ("resumes from " + str(ckpt) if ckpt else "starts"), flush=True)
+        # a session of its own: a Ctrl-C at the terminal reaches the campaign, which stops each run with a checkpoint
+        self.proc = subprocess.Popen(
+            cmd, cwd=self.dir, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def read(self):
+        """The iterations the run closed since the last read (its console lines)."""
+        with open(self.log) as f:
+            f.seek(self.offset)
+            text = f.read()
+        text = text[: text.rfind("\n") + 1]  # whole lines only
+        self.offset += len(text.encode())
+        for iteration, iterations, step in ITERATION_LINE.findall(text):
+            self.iterations += 1
+            self.status.update(logged_iteration=int(iteration), iterations=int(iterations), step=int(step))
+
+    def signal(self, signum):
+        if self.signalled != signum and self.proc.poll() is None:
+            self.proc.send_signal(signum)
+            self.signalled = signum
+
+    def close(self):
+        """The chunk's outcome in the run's status: done (exit status 0), stopped at a checkpoint, or failed."""
+        self.read()
+        code, status = self.proc.returncode, self.status
+        status["chunks"] += 1
+        ckpt = newest_checkpoint(self.dir)
+        status["iteration"] = int(re.match(r"iter_(\d+)", ckpt.name)[1]) if ckpt else 0
+        failed = code not in (0, 128 + signal.SIGTERM, -signal.SIGKILL)
+        if code == 0:
+            status.update(done=True, iteration=status["iterations"] or status["iteration"])
+        elif code == -signal.SIGKILL:
+            status["notes"].append(
+                f"chunk {status['chunks']} killed before its checkpoint: goes on from iteration {status['iteration']}"
+            )
+        elif failed:
+            status["notes"].append(f"chunk {status['chunks']} ended with exit status {code} (see log.txt)")
+            print(
+                f"campaign: {self.key}: exit status {code}; the end of {self.log}:\n"
+                + "".join(self.log.read_text().splitlines(True)[-15:]),
+                flush=True,
+            )
+        (self.dir / "campaign.json").write_text(json.dumps(status, indent=1))
+        return failed
+
+
+def campaign(opts, extra):
+    """Start or resume every unfinished run of the plan, `--parallel` at a time, stop each with SIGTERM `--margin`
+    seconds before the budget ends (it finishes its iteration and writes a checkpoint), then pack each run's state and
+    write the report at the steps the runs reached."""
+    deadline = time.time() + opts.budget
+    plan = plan_runs(opts.plan)
+    opts.work.mkdir(parents=True, exist_ok=True)
+    opts.state.mkdir(parents=True, exist_ok=True)
+    unpack(opts.state, opts.work)
+    unknown = set(opts.only or []) - plan.keys()
+    if unknown:
+        raise SystemExit(f"--only: {sorted(unknown)} not in {opts.plan}; its runs: {list(plan)}")
+    queue = [key for key in opts.only or plan if not read_status(opts.work / key)["done"]]
+    if deadline - time.time() > 2 * opts.margin:  # time to start a run: every one's flags checked before any starts
+        for key in queue:
+            check_script_flags([plan[key]["script"]], [*plan[key]["flags"], *extra])
+    live, closed, stopping = [], [], False
+    while (queue and not stopping) or live:
+        try:
+            left = deadline - time.time()
+            stopping = stopping or left < opts.margin
+            while queue and not stopping and len(live) < opts.parallel and left > 2 * opts.margin:
+                key = queue.pop(0)
+                live.append(Chunk(key, plan[key], opts.work, extra, opts.checkpoint_interval))
+            for chunk in live:
+                chunk.read()
+                if stopping or (opts.chunk_iterations and chunk.iterations >= opts.chunk_iterations):
+                    chunk.signal(signal.SIGTERM)  # finish the iteration, write a checkpoint, exit
+                if left < opts.margin / 3:
+                    chunk.signal(signal.SIGKILL)  # too late for its checkpoint: the next chunk goes on from the last
+            for chunk in [c for c in live if c.proc.poll() is not None]:
+                live.remove(chunk)
+                closed.append((chunk.key, chunk.close()))  # (key, failed)
+            time.sleep(0.1)
+        except KeyboardInterrupt:
+            print("campaign: stopping every run at its next checkpoint (Ctrl-C again: at once)", flush=True)
+            stopping = True
+    for key in dict.fromkeys(key for key, _ in closed):
+        size = pack(opts.work, opts.state, key, int(opts.part_mb * 2**20))
+        print(f"campaign: {key}: packed into {opts.state}, {size / 2**20:.1f} MB", flush=True)
+    write_campaign_report(opts, plan)
+    failed = sorted({key for key, failed in closed if failed})
+    if failed:
+        raise SystemExit(f"campaign: runs that failed (their log.txt says why): {', '.join(failed)}")
+
+
+def write_campaign_report(opts, plan):
+    """CAMPAIGN.md: where each run of the plan stands; and each group's report at the steps its runs reached."""
+    opts.report.mkdir(parents=True, exist_ok=True)
+    header = "| run | script | flags | step reached | of | done | chunks | notes |"
+    lines = [f"# The campaign: {opts.title}", "", header, "|---" * 8 + "|"]
+    for key, run in plan.items():
+        s = read_status(opts.work / key)
+        lines.append(
+            f"| {key} | {run['script']} | {' '.join(run['flags']) or '(defaults)'} | {s['step']:,} | "
+            f"{run['total_timesteps']:,} | {'yes' if s['done'] else 'no'} | {s['chunks']} | "
+            f"{'; '.join(s['notes'])} |"
+        )
+    (opts.report / "CAMPAIGN.md").write_text("\n".join(lines) + "\n")
+    for group in dict.fromkeys(run["group"] for run in plan.values()):
+        runs = [opts.work / key for key, run in plan.items() if run["group"] == group and (opts.work / key).exists()]
+        if not runs:
+            continue
+        out = opts.report / group
+        title = f"{opts.title}; {group}"
+        try:  # the chunk's state is packed already: a report that fails (no rliable on this machine) loses nothing
+            report(argparse.Namespace(runs=runs, out=out, title=title, reference=opts.reference))
+        except (Exception, SystemExit) as exc:
+            print(
+                f"campaign: the report of {group} was not written ({exc}); `learning.py campaign --budget 0` "
+                "on another machine writes it from the packed state",
+                flush=True,
+            )
+
+
 def parse(argv):
     """The command line as (opts, the flags after `--`, which go to the scripts)."""
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -444,6 +694,51 @@ def parse(argv):
     p_phases.add_argument("--reference", type=Path, default=REFERENCE, help="the reference runs' curves (csv.gz)")
     p_phases.add_argument("--window", type=int, default=1, help="iterations before and after each auxiliary phase")
     p_phases.add_argument("--out", type=Path, default=HERE / "PHASES.md", help="the markdown file written")
+    p_campaign = sub.add_parser("campaign", help="advance the plan's long runs by one window of time, chunk by chunk")
+    p_campaign.add_argument("--budget", type=float, required=True, help="seconds: the runs stop and are packed by then")
+    p_campaign.add_argument("--plan", type=Path, default=PLAN, help="the runs, in order (JSON: see campaign/README.md)")
+    p_campaign.add_argument(
+        "--state",
+        type=Path,
+        default=HERE / "campaign" / "state",
+        help="the packed runs that travel between windows: read first, rewritten at the end",
+    )
+    p_campaign.add_argument("--work", type=Path, default=HERE / "campaign_work", help="the runs, unpacked")
+    p_campaign.add_argument(
+        "--report",
+        type=Path,
+        default=HERE / "campaign",
+        help="where CAMPAIGN.md and each group's report (LEARNING.md, learning.png, curves.csv) go",
+    )
+    p_campaign.add_argument("--parallel", type=int, default=4, help="runs at a time")
+    p_campaign.add_argument(
+        "--only",
+        nargs="+",
+        help="these runs alone (their keys, game__name__seed), in this order: those whose state came",
+    )
+    p_campaign.add_argument(
+        "--margin",
+        type=float,
+        default=90,
+        help="seconds before the budget's end at which each run is asked to stop at a checkpoint",
+    )
+    p_campaign.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        default=50,
+        help="a new run's periodic checkpoints (iterations): what a killed run goes on from",
+    )
+    p_campaign.add_argument(
+        "--chunk-iterations",
+        type=int,
+        default=0,
+        help="also stop each run after this many iterations in this window (0: the budget alone)",
+    )
+    p_campaign.add_argument("--part-mb", type=float, default=15, help="the largest packed file, in MB")
+    p_campaign.add_argument(
+        "--title", default="the protocol's runs at the steps they reached", help="what the runs were (machine, commit)"
+    )
+    p_campaign.add_argument("--reference", type=Path, default=REFERENCE, help="the reference runs' curves (csv.gz)")
     return parser.parse_args(argv), extra
 
 
@@ -457,8 +752,8 @@ def check_script_flags(scripts, extra):
 
 def main():
     opts, extra = parse(sys.argv[1:])
-    commands = {"run": run, "report": report, "compare": compare, "phases": phases}
-    commands[opts.command](*((opts, extra) if opts.command == "run" else (opts,)))
+    commands = {"run": run, "report": report, "compare": compare, "phases": phases, "campaign": campaign}
+    commands[opts.command](*((opts, extra) if opts.command in ("run", "campaign") else (opts,)))
 
 
 if __name__ == "__main__":

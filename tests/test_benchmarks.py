@@ -2,8 +2,10 @@
 
 import csv
 import gzip
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_script, outcome, smoke_args
+from conftest import ROOT, load_script, outcome, read_scalars, smoke_args
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -512,3 +514,44 @@ def test_the_loop_cost_benchmark_writes_its_table(tmp_path):
     rows = [line.split("|")[1:-1] for line in (tmp_path / "LOOP.md").read_text().splitlines() if line.startswith("| ")]
     assert [row[0].strip() for row in rows[1:]] == ["PPO lean", "PPO full, --rollout plain"]
     assert all(float(row[1]) > 0 for row in rows[1:])
+
+
+def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tmp_path):
+    """Quick mode: a PPO run of 5 tiny iterations, stopped by the campaign after 2 of them (it writes its checkpoint
+    and exits), packed into parts under the size limit; its folder then lost, as on another machine, and resumed from
+    the parts to the end: every statistic logged equals the same run's in one chunk. A run done is not started again."""
+    flags = smoke_args("ppo_procgen_full")
+    del flags[flags.index("--total-timesteps") : flags.index("--total-timesteps") + 2]  # the plan's total
+    run = {"script": "ppo_procgen_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 5 * 128, "flags": flags}
+    (tmp_path / "plan.json").write_text(json.dumps({"runs": [run]}))
+    key, limit = "starpilot__ppo_procgen__1", 2**20
+
+    def campaign(state, *more):
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "campaign", "--budget", "600", "--plan",
+               str(tmp_path / "plan.json"), "--state", str(tmp_path / state), "--work", str(tmp_path / f"{state}_work"),
+               "--report", str(tmp_path / f"{state}_report"), "--part-mb", "1", *more]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    assert f"{key}: starts" in campaign("chunked", "--chunk-iterations", "2")
+    first = json.loads((tmp_path / "chunked_work" / key / "campaign.json").read_text())
+    assert not first["done"] and first["iteration"] in (2, 3) and first["step"] == 128 * first["iteration"]
+    parts = sorted((tmp_path / "chunked").iterdir())
+    assert len(parts) > 1 and all(p.stat().st_size <= limit for p in parts)  # a checkpoint of ~6 MB, in parts
+    shutil.rmtree(tmp_path / "chunked_work")  # another machine: the packed parts alone travel
+    assert f"{key}: resumes from" in campaign("chunked")
+    assert "starts" not in campaign("chunked") and "resumes" not in campaign("chunked")  # done: never again
+    campaign("whole")
+
+    def logged(state):
+        (run_dir,) = (tmp_path / f"{state}_work" / key / "runs").iterdir()
+        scalars = read_scalars(run_dir)
+        return {tag: v for tag, v in scalars.items() if not tag.startswith("perf/") and tag != "charts/SPS"}
+
+    chunked, whole = logged("chunked"), logged("whole")
+    assert chunked == whole and [s for s, _ in whole["losses/value_loss"]] == [128 * i for i in range(1, 6)]
+    assert json.loads((tmp_path / "chunked_work" / key / "campaign.json").read_text())["done"]
+    curves = (tmp_path / "chunked_report" / "defaults" / "curves.csv").read_text().splitlines()
+    assert [line.split(",")[3] for line in curves[1:]] == [str(128 * i) for i in range(1, 6)]  # every logged step
+    assert all(p.stat().st_size <= limit for p in (tmp_path / "chunked").iterdir())
