@@ -322,7 +322,7 @@ def policy_kl(old_logits, new_logits):
 # [22] The auxiliary phase: distil the value into the policy network while cloning the old policy.
 def auxiliary_phase(agent, optimizer, aux_obs, aux_returns, args: Args):
     """E_aux epochs over the phase buffer (num_steps x rollouts), `num_aux_rollouts` whole
-    rollouts a minibatch; returns the mean of each statistic."""
+    rollouts a minibatch (the last may have fewer); returns the mean of each statistic."""
     num_rollouts, mb_rollouts = aux_obs.shape[1], args.num_aux_rollouts
     # the old policy: its logits for the whole buffer, before any auxiliary step
     with torch.no_grad():
@@ -562,16 +562,16 @@ def check_args(args: Args):
     batch, sizes = args.num_envs * args.num_steps, ("num_envs", "num_steps", "num_eval_envs")
     games = MODE_GAMES.get(args.distribution_mode, args.env_id).split()
     divides = args.num_minibatches >= 1 and batch % args.num_minibatches == 0
-    aux_batch, phase = args.num_aux_rollouts * args.n_aux_grad_accum, batch * args.n_iteration
-    sizes += ("n_iteration",)
-    aux_divides = aux_batch >= 1 and args.num_envs * args.n_iteration % aux_batch == 0
+    phase, sizes = batch * args.n_iteration, sizes + ("n_iteration", "num_aux_rollouts", "n_aux_grad_accum")
+    # [22] as CleanRL's, the last auxiliary minibatch may hold fewer rollouts; a step closes whole groups
+    aux_mbs = -(-args.num_envs * args.n_iteration // max(args.num_aux_rollouts, 1))
     for flag, ok, rule in [
         ("env_id", args.env_id in PROCGEN_GAMES, f"must be one of {', '.join(PROCGEN_GAMES)}"),
         ("distribution_mode", args.env_id in games, "is not made for this game"),
         *((flag, getattr(args, flag) >= 1, "must be at least 1") for flag in sizes),
         ("total_timesteps", args.total_timesteps >= phase, "must hold a phase: a batch x --n-iteration"),
         ("num_minibatches", divides, "must divide --num-envs x --num-steps"),
-        ("num_aux_rollouts", aux_divides, "x --n-aux-grad-accum must divide the phase's rollouts"),
+        ("n_aux_grad_accum", aux_mbs % max(args.n_aux_grad_accum, 1) == 0, f"must divide {aux_mbs} minibatches"),
     ]:
         if not ok:
             stop(flag, getattr(args, flag), rule)

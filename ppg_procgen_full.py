@@ -413,44 +413,42 @@ class AheadSteps:
 
 class RolloutPolicy:
     """One rollout's policy step, the lean loop's `policy_step(agent, next_obs)` (`--rollout plain`), or with
-    the test envs folded in: one forward pass over the training and the test envs' observations, whose test actions
-    start those envs' step at once, beside the training envs' (`step_test_envs` waits for it). Pipelined, the first half
-    of the training envs starts its step while the second half's actions (and the test envs') are computed. Folded or
-    pipelined, the noise of the whole rollout is drawn ahead, the training envs' and then the test envs' (from the test
-    loop's own generator), in the order in which the plain rollout and the test envs' loop draw it: where the forward
-    pass gives an observation the same output in any batch (a CPU), the run logs what `--rollout plain` logs."""
+    the test envs folded in: after the training envs' forward pass, the test envs' own, whose actions start those envs'
+    step at once, beside the training envs' (`step_test_envs` waits for it). Pipelined, the first half of the training
+    envs starts its step while the second half's actions (and the test envs') are computed. Folded or pipelined, the
+    noise of the whole rollout is drawn ahead, the training envs' and then the test envs' (from the test loop's own
+    generator), in the order in which the plain rollout and the test envs' loop draw it: where the forward pass gives
+    an observation the same output in any batch (a CPU), the run logs what `--rollout plain` logs. The training envs'
+    forward pass never holds the test envs' observations: a GPU, which may round a batch of another size otherwise,
+    trains alike whatever `--eval-interval` and `--num-eval-envs` are."""
 
     def __init__(self, agent, policy_step, envs, test_envs, test_obs, args: Args, to_device, iteration):
         self.agent, self.policy_step, self.envs = agent, policy_step, envs  # [36] the stage, compiled or not
         self.test_envs, self.test_obs = test_envs, test_obs
         self.to_device, self.t, self.test_episodes, self.noise = to_device, 0, [], None
+        self.test_noise = None
         self.size = envs.num_envs // (2 if args.rollout == "pipelined" else 1)
         actions, device = envs.single_action_space.n, next(agent.parameters()).device
         if args.rollout != "plain":
             self.noise = torch.empty((args.num_steps, envs.num_envs, actions), device=device).exponential_()
         if test_envs is not None:  # the test envs' noise after the training envs', in each step's row, from the
             with torch.random.fork_rng([device] if device.type == "cuda" else []):  # plain loop's own generator
-                torch.manual_seed(args.seed + 1_000_003 + iteration)
-                test_noise = torch.empty((args.num_steps, test_envs.num_envs, actions), device=device).exponential_()
-            self.noise = torch.cat([self.noise, test_noise], 1)
+                torch.manual_seed(args.seed + 7919 * args.rank + 1_000_003 + iteration)  # [30] each process's own
+                shape = (args.num_steps, test_envs.num_envs, actions)
+                self.test_noise = torch.empty(shape, device=device).exponential_()
 
     def __call__(self, next_obs):
         if self.noise is None:
             return self.policy_step(self.agent, next_obs)
-        outs, last = [], len(next_obs) // self.size - 1
-        for k in range(last + 1):
-            rows = slice(k * self.size, None if k == last else (k + 1) * self.size)  # the last: the test envs' too
-            x, noise = next_obs[k * self.size : (k + 1) * self.size], self.noise[self.t, rows]
-            if k == last and self.test_envs is not None:  # joined inside the stage: compiled, no copy of their own
-                x = (x, self.test_obs)
-            out = self.policy_step(self.agent, x, noise)
-            if k == last and self.test_envs is not None:
-                self.test_action = out[0][self.size :].cpu().numpy()
-                self.test_envs.unwrapped.act_ahead(self.test_action)
-                out = [o[: self.size] for o in out]
-            if k < last:
-                self.envs.unwrapped.act_ahead(out[0].cpu().numpy(), k)
-            outs.append(out)
+        outs, parts = [], len(next_obs) // self.size
+        for k in range(parts):
+            rows = slice(k * self.size, (k + 1) * self.size)
+            outs.append(self.policy_step(self.agent, next_obs[rows], self.noise[self.t, rows]))
+            if k < parts - 1:
+                self.envs.unwrapped.act_ahead(outs[-1][0].cpu().numpy(), k)
+        if self.test_envs is not None:  # a forward pass of their own, started before the training envs wait
+            self.test_action = self.policy_step(self.agent, self.test_obs, self.test_noise[self.t])[0].cpu().numpy()
+            self.test_envs.unwrapped.act_ahead(self.test_action)
         self.t += 1
         return outs[0] if len(outs) == 1 else [torch.cat(o) for o in zip(*outs, strict=True)]
 
@@ -627,14 +625,16 @@ class RND(nn.Module):
 
     @torch.no_grad()
     def intrinsic_reward(self, obs, next_obs_seq, chunk):
-        """Rewards (T, N) for reaching `next_obs_seq`, over the std of their running discounted return; the
-        rollout's observations `obs` first update the observation statistics (in chunks, to bound memory)."""
-        flat = obs.flatten(0, 1)
-        for i in range(0, len(flat), chunk):
-            self.merge(self.obs_mean, self.obs_var, self.obs_count, flat[i : i + chunk].permute((0, 3, 1, 2)).float())
+        """Rewards (T, N) for reaching `next_obs_seq`, over the std of their running discounted return, from the
+        observation statistics as they stood before this rollout (as RND's `ppo_agent.py` and CleanRL's
+        `ppo_rnd_envpool.py` compute them); the rollout's observations `obs` then update those statistics (in chunks,
+        to bound memory), which the predictor's training sees."""
         flat = next_obs_seq.flatten(0, 1)
         error = torch.cat([self.prediction_error(flat[i : i + chunk]) for i in range(0, len(flat), chunk)])
         error = error.view(next_obs_seq.shape[:2])
+        flat = obs.flatten(0, 1)
+        for i in range(0, len(flat), chunk):
+            self.merge(self.obs_mean, self.obs_var, self.obs_count, flat[i : i + chunk].permute((0, 3, 1, 2)).float())
         returns = []
         for t in range(len(error)):
             self.intrinsic_return.mul_(self.gamma).add_(error[t])
@@ -815,7 +815,6 @@ class Agent(nn.Module):
 def policy_step(agent, next_obs, noise=None):
     """Observation in; the sampled action, its log-probability and the value out."""
     with torch.no_grad():
-        next_obs = torch.cat(next_obs) if isinstance(next_obs, tuple) else next_obs  # [35] joined in the stage
         action, logprob, _, value = agent.get_action_and_value(next_obs, noise=noise)  # [35] noise drawn ahead
     return action, logprob, value.flatten()
 
@@ -879,7 +878,7 @@ def auxiliary_phase(
     agent, optimizer, aux_obs, aux_returns, args: Args, progress=lambda text: None, after=None, resume=None, stage=None
 ):
     """E_aux epochs over the phase buffer (num_steps x rollouts), `num_aux_rollouts` whole
-    rollouts a minibatch; returns the mean of each statistic."""
+    rollouts a minibatch (the last may have fewer); returns the mean of each statistic."""
     # [25] `after(epoch, state)` is called after each epoch with a function that returns the phase's state so far (for
     # a checkpoint); `resume`, such a state, continues the phase after its epoch; [36] `stage`: aux_minibatch compiled
     num_rollouts, mb_rollouts = aux_obs.shape[1], args.num_aux_rollouts // args.world_size  # [30] this process's share
@@ -951,18 +950,20 @@ def prioritized_segments(priorities, num_minibatches, alpha, beta):
 
 def minibatches(advantages, args: Args, beta):
     """[8] Shuffled samples, weight None; or whole env segments (columns of the rollout): [29] by priority, with their
-    weights, or [28] for V-trace uniformly, weight None."""
+    weights, or [28] for V-trace in Metta's order, weight None: minibatch k the k-th run of consecutive segments, so
+    that every segment trains once an epoch."""
     if args.prio_alpha == 0 and not args.vtrace:
         mbs = minibatch_indices(args.local_batch_size, args.local_minibatch_size, advantages.device)
         return [(mb_inds, None) for mb_inds in mbs]
+    steps = torch.arange(args.num_steps, device=advantages.device)[:, None] * args.local_num_envs  # t * num_envs
+    if args.prio_alpha == 0:  # [28] + the env: the samples of a segment, on the device
+        envs = torch.arange(args.local_num_envs, device=advantages.device).view(args.num_minibatches, -1)
+        return [((steps + e).reshape(-1), None) for e in envs]
     envs, weights = prioritized_segments(
         advantages.abs().sum(0).cpu().numpy(), args.num_minibatches, args.prio_alpha, beta
     )
-    steps = torch.arange(args.num_steps, device=advantages.device)[:, None] * args.local_num_envs  # t * num_envs
     envs = torch.as_tensor(envs, device=advantages.device)  # + the env: the samples of a segment, on the device
     weights = torch.as_tensor(weights, dtype=torch.float32, device=advantages.device)
-    if args.prio_alpha == 0:  # [28] V-trace's segments, each weighed alike
-        return [((steps + e).reshape(-1), None) for e in envs]
     return [((steps + e).reshape(-1), w.repeat(args.num_steps)) for e, w in zip(envs, weights, strict=True)]
 
 
@@ -986,10 +987,6 @@ def weighted_mean(x, weights=None):
 def update_minibatch(agent, optimizer, mb, epoch, args: Args):
     """One minibatch's step; the `stats` (on the device) are logged by name."""
     mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, mb_weights, mb_vtrace = mb  # [29], [28]
-    # ── per-minibatch advantages [17]: baselines' PPO2's normalisation (numpy's std: the population's) ──
-    if args.norm_adv_minibatch:
-        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std(correction=0) + 1e-8)
-    # ── end per-minibatch advantages ──
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -1013,6 +1010,11 @@ def update_minibatch(agent, optimizer, mb, epoch, args: Args):
             rho_clipped.add_((ratio > args.vtrace_rho_clip).float().mean())
             b_values.index_copy_(0, mb_inds, newvalue[:, 0].detach())  # Metta: the buffer's values refreshed
     # ── end V-trace ──
+    # ── per-minibatch advantages [17]: baselines' PPO2's normalisation (numpy's std: the population's) ──: of the
+    # policy's advantages alone (with V-trace, after its value targets are taken from the epoch's GAE)
+    if args.norm_adv_minibatch:
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std(correction=0) + 1e-8)
+    # ── end per-minibatch advantages ──
     # [29] The importance weights reach the policy loss alone, as in Metta's (its value loss is a plain mean).
     pg_loss = weighted_mean(clipped_policy_loss(logratio, mb_advantages, args.clip_coef), mb_weights)
     v_loss = clipped_value_loss(newvalue[:, 0], mb_values, mb_returns, args.clip_range_vf).mean()
@@ -2020,7 +2022,7 @@ def train(args: Args):
         if eval_now and not folded:  # [13] the same policy (or [35] folded into the rollout)
             # test actions from their own generator: training's draws stay the same
             with torch.random.fork_rng([device] if device.type == "cuda" else []):
-                torch.manual_seed(args.seed + 1_000_003 + iteration)
+                torch.manual_seed(env_seed + 1_000_003 + iteration)  # [30] each process's own draws
                 for _ in range(args.num_steps):
                     test_action = policy_step(agent, test_obs)[0]
                     test_obs, _, _, _, test_infos = test_envs.step(test_action.cpu().numpy())
@@ -2061,12 +2063,14 @@ def train(args: Args):
             # as the minibatches before left them (and the current network's bootstrap value): its advantages rank the
             # segments [29], and with the values they are each minibatch's value targets (update_minibatch)
             if args.vtrace:
+                if epoch == 0:  # the minibatches refresh a copy: the rollout's values stay, for explained variance
+                    refreshed = b_values.clone()
                 with torch.no_grad():
                     next_value = next_value if epoch == 0 else agent.get_value(next_obs).reshape(1, -1)
-                    advantages = compute_gae(rewards, b_values.view(args.num_steps, -1), dones, next_value, next_done,
+                    advantages = compute_gae(rewards, refreshed.view(args.num_steps, -1), dones, next_value, next_done,
                                              args.gamma, args.gae_lambda)[0]  # fmt: skip
-                batch = (b_obs, b_actions, b_logprobs, advantages.reshape(-1), b_returns, b_values)
-                vtrace = (rewards.reshape(-1), dones.reshape(-1), next_value[0], next_done, b_values)
+                batch = (b_obs, b_actions, b_logprobs, advantages.reshape(-1), b_returns, refreshed)
+                vtrace = (rewards.reshape(-1), dones.reshape(-1), next_value[0], next_done, refreshed)
             # ── end V-trace ──
             for mb_inds, mb_weights in minibatches(advantages, args, beta):  # [29]
                 mb_vtrace = vtrace and vtrace_part(vtrace, mb_inds, rho_clipped)  # [28] None without V-trace
@@ -2185,10 +2189,14 @@ ALGORITHM_WARNINGS = {
 
 
 def check_algorithm(args: Args):
-    """The auxiliary phase's minibatches: whole rollouts of a phase, shared among the processes."""
-    if (args.num_envs * args.n_iteration) % (args.num_aux_rollouts * args.n_aux_grad_accum):
-        arg_error("num-aux-rollouts", f"x --n-aux-grad-accum must divide the {args.num_envs * args.n_iteration} "
-                  "rollouts of a phase", args.num_aux_rollouts)  # fmt: skip
+    """The auxiliary phase's minibatches: whole rollouts of a phase, shared among the processes; as CleanRL's, the
+    last of an epoch may hold fewer, and every optimizer step closes a whole group of `n_aux_grad_accum` of them (an
+    epoch ends on a step: a checkpoint between epochs holds no pending gradients)."""
+    minibatches = -(-args.num_envs * args.n_iteration // args.num_aux_rollouts)  # [22] the last may be smaller
+    if minibatches % args.n_aux_grad_accum:
+        arg_error("n-aux-grad-accum", f"must divide the {minibatches} auxiliary minibatches of an epoch (the phase's "
+                  f"{args.num_envs * args.n_iteration} rollouts, --num-aux-rollouts {args.num_aux_rollouts} a "
+                  "minibatch)", args.n_aux_grad_accum)  # fmt: skip
     if args.n_aux_grad_accum > 1 and args.compile == "reduce-overhead":  # [36] a replay overwrites the graph's .grad
         rule = "adds gradients across compiled calls, which CUDA graphs overwrite: with --compile reduce-overhead"
         arg_error("n-aux-grad-accum", f"{rule} it must be 1 (or use --compile default)", args.n_aux_grad_accum)
@@ -2451,16 +2459,16 @@ def check_args(args: Args):
     batch, sizes = args.num_envs * args.num_steps, ("num_envs", "num_steps", "num_eval_envs")
     games = MODE_GAMES.get(args.distribution_mode, args.env_id).split()
     divides = args.num_minibatches >= 1 and batch % args.num_minibatches == 0
-    aux_batch, phase = args.num_aux_rollouts * args.n_aux_grad_accum, batch * args.n_iteration
-    sizes += ("n_iteration",)
-    aux_divides = aux_batch >= 1 and args.num_envs * args.n_iteration % aux_batch == 0
+    phase, sizes = batch * args.n_iteration, sizes + ("n_iteration", "num_aux_rollouts", "n_aux_grad_accum")
+    # [22] as CleanRL's, the last auxiliary minibatch may hold fewer rollouts; a step closes whole groups
+    aux_mbs = -(-args.num_envs * args.n_iteration // max(args.num_aux_rollouts, 1))
     for flag, ok, rule in [
         ("env_id", args.env_id in PROCGEN_GAMES, f"must be one of {', '.join(PROCGEN_GAMES)}"),
         ("distribution_mode", args.env_id in games, "is not made for this game"),
         *((flag, getattr(args, flag) >= 1, "must be at least 1") for flag in sizes),
         ("total_timesteps", args.total_timesteps >= phase, "must hold a phase: a batch x --n-iteration"),
         ("num_minibatches", divides, "must divide --num-envs x --num-steps"),
-        ("num_aux_rollouts", aux_divides, "x --n-aux-grad-accum must divide the phase's rollouts"),
+        ("n_aux_grad_accum", aux_mbs % max(args.n_aux_grad_accum, 1) == 0, f"must divide {aux_mbs} minibatches"),
     ]:
         if not ok:
             stop(flag, getattr(args, flag), rule)

@@ -56,16 +56,36 @@ TIER_TESTS = {
     for full, lean in (("ppo_procgen_full.py", "not ppg"), ("ppg_procgen_full.py", "ppg_procgen"))
 }
 
+# RND's intrinsic reward: the errors computed, then the rollout's observations merged (the mistake swaps the two)
+RND_ERRORS = """        flat = next_obs_seq.flatten(0, 1)
+        error = torch.cat([self.prediction_error(flat[i : i + chunk]) for i in range(0, len(flat), chunk)])
+        error = error.view(next_obs_seq.shape[:2])
+"""
+RND_MERGE = """        flat = obs.flatten(0, 1)
+        for i in range(0, len(flat), chunk):
+            self.merge(self.obs_mean, self.obs_var, self.obs_count, flat[i : i + chunk].permute((0, 3, 1, 2)).float())
+"""
+
 # (file, the line's text as it is, the mistake, what it breaks[, (test files, -k) in place of the file's own]); the
 # text must occur once in the file
 MUTANTS = [
     *[(lean, 'with torch.random.fork_rng([device] if device.type == "cuda" else []):', "with contextlib.nullcontext():",
        f"{lean[:3].upper()}: the test envs' actions drawn from the training generator") for lean in (PPO, PPG)],
-    *[(full, "torch.manual_seed(args.seed + 1_000_003 + iteration)\n                test_noise", "test_noise",
+    *[(full, "torch.manual_seed(args.seed + 7919 * args.rank + 1_000_003 + iteration)", "pass",
        f"{full[:3].upper()} full: a folded rollout's test noise not from the test loop's generator") for full in
       (PPO_FULL, PPG_FULL)],
     *[(full, "    torch.manual_seed(args.seed)  # one seed, one result", "    pass",
        f"{full[:3].upper()} full: --eval-only not seeded") for full in (PPO_FULL, PPG_FULL)],
+    *[(full, "self.intrinsic_return.mul_(self.gamma)", "self.intrinsic_return.mul_(0.99)",
+       f"{full[:3].upper()} full: RND's running return with a discount of its own",
+       (["tests/test_rnd.py"], "discounts")) for full in (PPO_FULL, PPG_FULL)],
+    *[(full, RND_ERRORS + RND_MERGE, RND_MERGE + RND_ERRORS,
+       f"{full[:3].upper()} full: RND's rewards from the statistics the rollout updated", (["tests/test_rnd.py"],
+       "discounts")) for full in (PPO_FULL, PPG_FULL)],
+    *[(file, "aux_mbs % max(args.n_aux_grad_accum, 1) == 0",
+       "args.num_envs * args.n_iteration % (args.num_aux_rollouts * args.n_aux_grad_accum) == 0",
+       f"{file[:3].upper()}{' full' * ('full' in file)}: a phase of fewer rollouts than --num-aux-rollouts refused",
+       (["tests/test_smoke.py"], "cleanrl")) for file in (PPG, PPG_FULL)],
     *[(full, 'if args.compile == "reduce-overhead" and args.world_size > 1:', "if False:",
        f"{full[:3].upper()} full: --compile reduce-overhead under torchrun", (["tests/test_cli.py"], "cuda_graphs"))
       for full in (PPO_FULL, PPG_FULL)],
@@ -160,8 +180,17 @@ MUTANTS = [
         ("episodes = [e for rank_episodes in gather_objects(episodes, args.world_size) for e in rank_episodes]",
          "episodes = list(episodes)", "torchrun: only rank 0's episodes logged"),
         ("lambda v, a: 0 <= v <= 256", "lambda v, a: True", "--env-threads' rule allows everything"),
-        ("torch.cat([self.noise, test_noise], 1)", "torch.cat([test_noise, self.noise], 1)",
-         "a folded rollout's test envs' noise put before the training envs'"),
+        ("self.test_noise[self.t])[0]", "self.noise[self.t, : len(self.test_obs)])[0]",
+         "a folded rollout's test envs' actions drawn from the training envs' noise"),
+        ("mb_returns = mb_advantages + mb_values",
+         "mb_returns = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8) + mb_values",
+         "V-trace: the value targets from normalised advantages"),
+        (".view(args.num_minibatches, -1)\n", ".view(-1, args.num_minibatches).T\n",
+         "V-trace: the segments not in Metta's order"),
+        ("refreshed = b_values.clone()", "refreshed = b_values",
+         "V-trace: explained variance from the refreshed values"),
+        ("torch.manual_seed(env_seed + 1_000_003 + iteration)", "torch.manual_seed(args.seed + 1_000_003 + iteration)",
+         "torchrun: every process's test envs draw the same actions' noise"),
         ("does nothing either\n        return self", "does nothing either\n        return None",
          "torchrun: the other ranks' writer has no file writer for the episodes"),
         ("approx_kl = ((ratio - 1) - logratio).mean()",

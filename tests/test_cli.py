@@ -70,10 +70,11 @@ FULL_BAD_INPUTS = [
 ]
 SCRIPT_BAD_INPUTS = {
     "ppo_procgen": [],
-    "ppg_procgen": [  # the phase, and the auxiliary minibatches that must divide it
+    "ppg_procgen": [  # the phase, and the auxiliary minibatches that each step's group must divide
         (["--n-iteration", "0"], "--n-iteration"),
-        (["--num-aux-rollouts", "3"], "--num-aux-rollouts"),
-        (["--num-aux-rollouts", "4", "--n-aux-grad-accum", "3"], "--num-aux-rollouts"),
+        (["--num-aux-rollouts", "0"], "--num-aux-rollouts"),
+        (["--num-aux-rollouts", "4", "--n-aux-grad-accum", "3"], "--n-aux-grad-accum"),  # 512 minibatches
+        (["--num-aux-rollouts", "3", "--n-aux-grad-accum", "2"], "--n-aux-grad-accum"),  # 683, the last of 2 rollouts
     ],
     "ppo_procgen_full": [(["--update-epochs", "0"], "--update-epochs")],
     "ppg_procgen_full": [

@@ -51,16 +51,25 @@ def normalised(x):
     return (x - x.mean()) / (x.std() + 1e-8)
 
 
+def at(grid_of, x, steps):
+    """A (num_steps, num_envs) tensor's values at the samples of minibatch x, in the minibatch's order (`steps`: the
+    rollout's steps of each env, `training_steps`)."""
+    _, env_ids, sample_steps = ids(x)
+    where = [(int((steps[:, e] == c).nonzero()), e) for e, c in zip(env_ids, sample_steps, strict=True)]
+    return torch.stack([grid_of[t, e] for t, e in where])
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_vtrace_is_metta_s_per_minibatch_over_segments_with_refreshed_values(name, tmp_path, monkeypatch):
     """As Metta's PPO loss: each epoch starts from GAE over the batch with the values as the earlier minibatches left
-    them (the first epoch: the rollout's); a minibatch is whole env segments; its policy advantages are V-trace's over
-    its segments with its own ratios (at the first minibatch the ratio is 1, and they are GAE on those segments),
-    normalised over the minibatch; its value targets are the epoch's GAE advantages plus the values as they are now."""
+    them (the first epoch: the rollout's); a minibatch is whole env segments, in Metta's order (every segment once an
+    epoch); its policy advantages are V-trace's over its segments with its own ratios (at the first minibatch the
+    ratio is 1, and they are GAE on those segments), normalised over the minibatch; its value targets are the epoch's
+    GAE advantages plus the values as they are now. Explained variance is the rollout's values' (not the refreshed)."""
     flags = [*epochs(name, 2), "--vtrace", "--vtrace-rho-clip", "1.02", "--vtrace-c-clip", "0.99",
              "--learning-rate", "0.01", "--total-timesteps", str(NUM_ENVS * NUM_STEPS),
              *(["--n-iteration", "1"] if is_ppg(name) else [])]  # fmt: skip
-    recorder, _ = train(name, monkeypatch, tmp_path, flags)
+    recorder, scalars = train(name, monkeypatch, tmp_path, flags)
     calls = recorder.of("compute_gae")
     whole, per_mb = [c for c in calls if len(c[0]) == 7], [c for c in calls if len(c[0]) == 10]
     updates = [(x, out) for kind, x, out in recorder.calls if kind == "update"]
@@ -68,14 +77,13 @@ def test_vtrace_is_metta_s_per_minibatch_over_segments_with_refreshed_values(nam
     value_in = [inputs for inputs, _ in recorder.of("clipped_value_loss")]
     assert len(whole) == 3 and len(per_mb) == len(updates) == len(policy_in) == 4  # the rollout's, 2 epochs of 2
     steps = training_steps(recorder, 0)
-
-    def at(grid_of, x):
-        """A (num_steps, num_envs) tensor's values at the samples of minibatch x, in the minibatch's order."""
-        _, env_ids, sample_steps = ids(x)
-        where = [(int((steps[:, e] == c).nonzero()), e) for e, c in zip(env_ids, sample_steps, strict=True)]
-        return torch.stack([grid_of[t, e] for t, e in where])
+    # Metta's sequential order: minibatch k is the k-th run of consecutive segments, every epoch
+    assert [sorted(set(ids(x)[1].tolist())) for x, _ in updates] == [[0, 1], [2, 3]] * 2
 
     rollout_values = whole[0][0][1]
+    y_true, y_pred = whole[0][1][1].flatten().numpy(), rollout_values.flatten().numpy()  # as the script computes it
+    explained = np.float32(1 - np.var(y_true - y_pred) / np.var(y_true))
+    assert scalars["losses/explained_variance"][0][1] == explained
     torch.testing.assert_close(whole[1][0][1], rollout_values)  # the first epoch starts from the rollout's values
     refreshed = rollout_values.clone()  # the second, from those the first epoch's minibatches computed, where they went
     for x, out in updates[:2]:
@@ -93,7 +101,7 @@ def test_vtrace_is_metta_s_per_minibatch_over_segments_with_refreshed_values(nam
         segments = ids(x)[1].view(NUM_STEPS, -1)
         assert (segments == segments[0]).all() and len(set(segments[0].tolist())) == segments.shape[1]  # whole ones
         epoch_gae = whole[1 + k // 2][1][0]
-        torch.testing.assert_close(value[2], at(epoch_gae, x) + value[1])  # targets: the epoch's GAE + the values now
+        torch.testing.assert_close(value[2], at(epoch_gae, x, steps) + value[1])  # the epoch's GAE + the values now
         rewards, values, dones, next_value, next_done, gamma, lam, ratio, rho_clip, c_clip = inputs
         assert (rho_clip, c_clip) == (1.02, 0.99)
         torch.testing.assert_close(values.flatten(), value[1])  # over the values as they are now
@@ -105,6 +113,25 @@ def test_vtrace_is_metta_s_per_minibatch_over_segments_with_refreshed_values(nam
     later = torch.cat([r.flatten() for r in ratios[2:]])
     for clip in (1.02, 0.99):  # the clips matter: ratios on both sides of each
         assert (later > clip).any() and (later < clip).any()
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_vtrace_s_value_targets_never_see_the_minibatch_normalisation(name, tmp_path, monkeypatch):
+    """With `--norm-adv-minibatch` too, a minibatch's value targets are the epoch's GAE advantages plus its values as
+    they are now (not advantages normalised first), and its policy advantages, V-trace's, are normalised again by the
+    minibatch's own mean and population std."""
+    flags = ["--vtrace", "--norm-adv-minibatch", "--total-timesteps", str(NUM_ENVS * NUM_STEPS),
+             *(["--n-iteration", "1"] if is_ppg(name) else [])]  # fmt: skip
+    recorder, _ = train(name, monkeypatch, tmp_path, flags)
+    whole = [c for c in recorder.of("compute_gae") if len(c[0]) == 7]
+    updates = [x for kind, x, _ in recorder.calls if kind == "update"]
+    value_in = [inputs for inputs, _ in recorder.of("clipped_value_loss")]
+    policy_in = [inputs for inputs, _ in recorder.of("clipped_policy_loss")]
+    steps = training_steps(recorder, 0)
+    assert len(updates) == len(value_in) == len(policy_in) >= 2
+    for k, (x, value, policy) in enumerate(zip(updates, value_in, policy_in, strict=True)):
+        torch.testing.assert_close(value[2], at(whole[1 + k // 2][1][0], x, steps) + value[1])
+        assert abs(policy[1].mean().item()) < 1e-5 and policy[1].std(correction=0).item() == pytest.approx(1, abs=1e-4)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -280,8 +307,8 @@ def test_eval_only_is_seeded_by_seed(name, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_under_torchrun_each_process_plays_its_own_levels_and_every_episode_is_logged(name, tmp_path):
-    """Each process's games get their own seed; every process's episodes reach rank 0's log; nothing of the process
-    group is left when `train()` returns."""
+    """Each process's games get their own seed, and its test envs' actions their own draws; every process's episodes
+    reach rank 0's log; nothing of the process group is left when `train()` returns."""
     # 2 of the 4 envs and 1 test env a process
     flags = [*SMALL, *(PPG if is_ppg(name) else []), *NARROW, "--exp-name", "ddp"]
     proc = torchrun([str(ROOT / "tests" / "ddp_train.py"), name, str(tmp_path / "out"), *flags], tmp_path)
@@ -289,6 +316,8 @@ def test_under_torchrun_each_process_plays_its_own_levels_and_every_episode_is_l
     ranks = [json.loads((tmp_path / f"out.rank{rank}.json").read_text()) for rank in (0, 1)]
     seeds = [seed for rank in ranks for seed in rank["seeds"]]  # training and test envs of rank 0, then of rank 1
     assert len(seeds) == len(set(seeds)) == 4, seeds
+    test_draws = [{seed for seed in rank["torch_seeds"] if seed >= 1_000_003} for rank in ranks]  # the test loop's
+    assert len(test_draws[0]) == 2 and not test_draws[0] & test_draws[1], test_draws  # one an iteration, its own
     scalars = read_scalars(tmp_path / "runs" / ranks[0]["run_name"])
     for k, tag in enumerate(("charts/episodic_return", "charts/test_episodic_return")):
         assert len(scalars[tag]) == sum(rank["episodes"][k] for rank in ranks) > 0, tag
@@ -323,6 +352,33 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
         assert (test_starts, half_starts) == {"plain": (0, 0), "folded": (128, 0), "pipelined": (128, 128)}[rollout]
     assert logged["plain"]["charts/episodic_return"] and logged["plain"]["charts/test_episodic_return"]
     assert all(logs == logged["plain"] for logs in logged.values())
+
+
+def test_the_folded_rollout_trains_alike_with_and_without_evaluation_where_a_batch_rounds_by_its_size(
+    tmp_path, monkeypatch
+):
+    """A GPU may round a forward pass of 64 observations otherwise than one of 64 + 16: here a policy step whose value
+    moves with the batch's size stands in for it. With the test envs folded in, the training envs' forward pass never
+    holds the test envs' observations, so the training numbers are those of a run without evaluation."""
+    script = load_script("ppo_procgen_full")
+    policy_step = script.policy_step
+
+    def rounded_by_batch_size(agent, x, noise=None):
+        action, logprob, value = policy_step(agent, x, noise)
+        return action, logprob, value + 1e-3 * len(x)
+
+    monkeypatch.setattr(script, "policy_step", rounded_by_batch_size)
+    flags = ["--env-id", "bigfish", "--num-envs", "8", "--num-steps", "64", "--total-timesteps", "1024"]
+    flags += ["--num-minibatches", "2", "--num-eval-envs", "4", "--device", "cpu", "--rollout", "folded", *NARROW]
+    logged = []
+    for evaluation in ("1", "0"):
+        (tmp_path / evaluation).mkdir()
+        monkeypatch.chdir(tmp_path / evaluation)
+        run_name = script.train(script.parse_args([*flags, "--eval-interval", evaluation]))
+        scalars = read_scalars(tmp_path / evaluation / "runs" / run_name)
+        logged.append({tag: rows for tag, rows in scalars.items() if tag.startswith(("losses/", "charts/episodic"))})
+    assert "charts/test_episodic_return" in scalars or evaluation == "0"
+    assert logged[0]["losses/value_loss"] and logged[0] == logged[1]
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

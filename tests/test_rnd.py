@@ -114,3 +114,28 @@ def test_a_resume_gives_each_process_its_own_running_intrinsic_returns(tmp_path,
                         or reward(self, *a))  # fmt: skip
     script.train(tyro.cli(script.Args, args=[*flags, "--total-timesteps", "256", "--resume", str(path)]))
     assert len(seen) == 1 and torch.equal(seen[0], torch.full_like(seen[0], 7.0))
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_running_intrinsic_return_discounts_by_intrinsic_gamma_from_the_statistics_before_the_rollout(
+    name, monkeypatch
+):
+    """The std that scales RND's reward is that of the running return R_t = gamma R_t-1 + e_t per env, gamma the
+    `intrinsic_gamma` (here 0.5, with known errors e); the errors are computed with the observation statistics as they
+    stood before the rollout (RND's and CleanRL's order), which the rollout's observations then update."""
+    script = load_script(name)
+    rnd = script.RND(num_envs=2, gamma=0.5)
+    errors = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])  # (T, N)
+    counts_seen = []
+
+    def known_error(x):  # the errors by step, and the statistics' count when they are computed
+        counts_seen.append(rnd.obs_count.item())
+        return errors.flatten()[: len(x)]
+
+    monkeypatch.setattr(rnd, "prediction_error", known_error)
+    obs = torch.randint(0, 256, (3, 2, 64, 64, 3), dtype=torch.uint8)
+    rewards = rnd.intrinsic_reward(obs, obs, chunk=6)
+    assert counts_seen == [0.0] and rnd.obs_count.item() == 6  # computed first, merged after
+    returns = torch.stack([errors[0], 0.5 * errors[0] + errors[1], 0.25 * errors[0] + 0.5 * errors[1] + errors[2]])
+    torch.testing.assert_close(rnd.intrinsic_return, returns[-1])
+    torch.testing.assert_close(rewards, errors / (returns.flatten().var(unbiased=False) + 1e-8).sqrt())

@@ -66,3 +66,21 @@ def test_smoke(tmp_path, monkeypatch, name, extra, expected, device):
     for tag, steps in expected.items():  # the option acted, or PPG's auxiliary phase ran, and logged finite values
         assert [step for step, _ in scalars.get(tag, [])] == steps, tag
         assert all(math.isfinite(value) for _, value in scalars[tag]), tag
+
+
+CLEANRL_LINE = ["--num-envs", "1", "--num-steps", "64", "--total-timesteps", "256", "--num-minibatches", "2"]
+
+
+@pytest.mark.parametrize("name", ["ppo_procgen", "ppo_procgen_full", "ppg_procgen", "ppg_procgen_full"])
+def test_cleanrl_s_own_test_command_lines_train(tmp_path, monkeypatch, name):
+    """CleanRL's tests run its procgen scripts with CLEANRL_LINE, PPG with `--n-iteration 1` too: ours train on them.
+    A PPG phase of one rollout has fewer than `--num-aux-rollouts` (4): its one auxiliary minibatch holds that rollout,
+    as CleanRL's does, and every phase ends in an auxiliary phase."""
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    script.train(parse(script, [*CLEANRL_LINE, *(["--n-iteration", "1"] if "ppg" in name else [])]))
+    scalars = read_scalars(only_run_dir(tmp_path))
+    assert_trained(scalars, iterations=4)
+    for tag in AUX_TAGS if "ppg" in name else []:
+        assert [step for step, _ in scalars[tag]] == [64, 128, 192, 256], tag
+        assert all(math.isfinite(value) for _, value in scalars[tag]), tag
