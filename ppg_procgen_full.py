@@ -724,6 +724,12 @@ def compiled_stages(names, optimizers, device, args: Args):
         for state in optimizer.state.values():  # a resumed run's step counts, where capturable Adam keeps them
             if "step" in state:
                 state["step"] = state["step"].to(device if capturable else "cpu", torch.float32)
+        # Adam makes a parameter's state at its first gradient; the compiled step guards on how many there are, so a
+        # head that first learns later (PPG's auxiliary head) would compile it again: every state made now, as Adam
+        # makes it (zeros, step 0), the same numbers
+        for p in (p for group in optimizer.param_groups for p in group["params"] if p not in optimizer.state):
+            step = torch.zeros((), dtype=torch.float32, device=device if capturable else "cpu")
+            optimizer.state[p] = {"step": step, "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
 
     def compiled(stage):
         stage = torch.compile(stage, mode=args.compile, dynamic=False)
@@ -1954,6 +1960,8 @@ def train(args: Args):
     # ── torch.compile [36]: the loop's stages, compiled (or as they are) ──
     names = ("policy_step", "compute_gae", "update_minibatch", "aux_minibatch")
     policy_step, compute_gae, update_minibatch, aux_minibatch = compiled_stages(names, optimizers, device, args)
+    if args.compile != "off":  # the KL's dispatch table fills at its first lookup, and dynamo guards on it: filled now
+        policy_kl(torch.zeros(1, 2), torch.zeros(1, 2))
     # ── end torch.compile ──
     start_time, start_step = time.time(), global_step  # [25] the steps per second count from here, on a resume too
     # ── the status line: drawn by `progress`, on rank 0's terminal only ──

@@ -691,6 +691,12 @@ def compiled_stages(names, optimizers, device, args: Args):
         for state in optimizer.state.values():  # a resumed run's step counts, where capturable Adam keeps them
             if "step" in state:
                 state["step"] = state["step"].to(device if capturable else "cpu", torch.float32)
+        # Adam makes a parameter's state at its first gradient; the compiled step guards on how many there are, so a
+        # head that first learns later (PPG's auxiliary head) would compile it again: every state made now, as Adam
+        # makes it (zeros, step 0), the same numbers
+        for p in (p for group in optimizer.param_groups for p in group["params"] if p not in optimizer.state):
+            step = torch.zeros((), dtype=torch.float32, device=device if capturable else "cpu")
+            optimizer.state[p] = {"step": step, "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
 
     def compiled(stage):
         stage = torch.compile(stage, mode=args.compile, dynamic=False)

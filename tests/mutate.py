@@ -86,6 +86,13 @@ MUTANTS = [
        "args.num_envs * args.n_iteration % (args.num_aux_rollouts * args.n_aux_grad_accum) == 0",
        f"{file[:3].upper()}{' full' * ('full' in file)}: a phase of fewer rollouts than --num-aux-rollouts refused",
        (["tests/test_smoke.py"], "cleanrl")) for file in (PPG, PPG_FULL)],
+    *[(PPG_FULL, old, new, f"PPG full: {what}", (["tests/test_compile.py"], "once", "any case")) for old, new, what in [
+        ("for group in optimizer.param_groups for p in group[\"params\"] if p not in optimizer.state)",
+         "for group in optimizer.param_groups for p in group[\"params\"] if False)",
+         "Adam's states made at their first step: the compiled step recompiles after the auxiliary phase"),
+        ("        policy_kl(torch.zeros(1, 2), torch.zeros(1, 2))\n", "        pass\n",
+         "the KL's dispatch table filled inside the compiled auxiliary minibatch: it recompiles"),
+    ]],
     *[(full, 'if args.compile == "reduce-overhead" and args.world_size > 1:', "if False:",
        f"{full[:3].upper()} full: --compile reduce-overhead under torchrun", (["tests/test_cli.py"], "cuda_graphs"))
       for full in (PPO_FULL, PPG_FULL)],

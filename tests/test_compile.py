@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import NARROW, load_script, read_scalars
 from scripted_env import Bandit, ScriptedProcgen
-from test_loop import NUM_ENVS, PPG, SMALL, is_ppg
+from test_loop import NUM_ENVS, NUM_STEPS, PPG, SMALL, is_ppg
 
 # one worker: inductor's first compile in a process (about 19 s with its cache cold) is paid once for both scripts
 pytestmark = pytest.mark.xdist_group(__name__)
@@ -52,3 +52,37 @@ def test_compiled_stages_log_the_losses_of_the_eager_ones(name, tmp_path, monkey
     assert logged["default"].keys() == off.keys()
     for tag, values in off.items():
         np.testing.assert_allclose(logged["default"][tag], values, rtol=2e-3, atol=1e-5, err_msg=tag)
+
+
+def test_ppg_compiles_once_across_its_auxiliary_phases(tmp_path, monkeypatch):
+    """Three iterations of PPG, each closing its phase (`--n-iteration 1`), compiled: one recompile in all, the
+    optimizer step of the first auxiliary phase (whose auxiliary head has gradients, which the policy phase's has not).
+    Nothing compiles again after it: the optimizer's states are all made before the first compile (Adam would make the
+    auxiliary head's at its first step, and the compiled step guards on their number), and the KL's dispatch table is
+    filled before the first auxiliary minibatch (dynamo guards on it). Before both, the policy update after the first
+    auxiliary phase compiled again, as the GPU kit's PPG row with one-iteration phases saw."""
+    import logging
+
+    import torch._dynamo.guards
+
+    script = load_script("ppg_procgen_full")
+    monkeypatch.setattr(script, "Procgen", ScriptedProcgen)
+    monkeypatch.setattr(ScriptedProcgen, "script", Bandit())
+    monkeypatch.chdir(tmp_path)
+    torch._dynamo.reset()  # the graphs that earlier tests in this process compiled for their own agents go
+    recompiles = []
+    handler = logging.Handler()
+    handler.emit = lambda record: recompiles.append(record.getMessage().splitlines()[:3])
+    torch._logging.set_logs(recompiles=True)
+    torch._dynamo.guards.recompiles_log.addHandler(handler)
+    try:
+        flags = [*SMALL, *NARROW, "--num-eval-envs", str(NUM_ENVS), *PPG, "--n-iteration", "1", "--compile", "default"]
+        flags += ["--total-timesteps", str(3 * NUM_ENVS * NUM_STEPS)]
+        scalars = read_scalars(tmp_path / "runs" / script.train(script.parse_args(flags)))
+    finally:
+        torch._dynamo.guards.recompiles_log.removeHandler(handler)
+        torch._logging.set_logs()
+    batch = NUM_ENVS * NUM_STEPS
+    assert [step for step, _ in scalars["losses/aux/kl_loss"]] == [batch, 2 * batch, 3 * batch]
+    first = recompiles[0] if recompiles else ["", "", ""]
+    assert len(recompiles) == 1 and "function step" in first[0] and "grad is None" in first[2], recompiles
