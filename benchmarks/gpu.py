@@ -11,11 +11,12 @@ The steps, each timed, each one's output kept beside GPU.md:
      graphs; bf16; PPG with CUDA graphs), inductor's cache filled by one untimed compiled iteration first; each run
      killed past `--row-timeout` (2 minutes), a failing one written with its exit status and last stderr lines, the
      CUDA graphs that inductor skipped named. The GPU defaults are to be decided from it;
-  3. `throughput.py --suite host --device cuda`: each script's loop without the network, beside procgen alone;
-  4. `python -m pytest tests/test_host_syncs.py -k cuda`: no host-device sync between two minibatches, and a rollout
+  3. `throughput.py --suite machine --device cuda`: 1, 2, 3 and 4 runs of PPO at once, the machine's total;
+  4. `throughput.py --suite host --device cuda`: each script's loop without the network, beside procgen alone;
+  5. `python -m pytest tests/test_host_syncs.py -k cuda`: no host-device sync between two minibatches, and a rollout
      step's waits no more than its copies back.
 A failing step is reported and the kit goes on with the next; it exits 1 if any failed. Each step has a time limit
-(`--timeout`, seconds; the four defaults sum to 9.5 minutes): one that hangs is stopped with every process it
+(`--timeout`, seconds; the five defaults sum to 9.5 minutes): one that hangs is stopped with every process it
 started, reported as timed out in GPU.md with the output it gave, and the kit goes on. Every table is written as soon
 as it has a row and again after each, naming the rows not run yet (a step stopped at its limit leaves them named);
 GPU.md after every step.
@@ -38,7 +39,8 @@ HERE = Path(__file__).resolve().parent
 # each step's time limit in seconds, meant for one H100: the kit's whole run within 10 minutes
 # (the first run, on an H200, 2026-11-26, with 150, 300, 75 and 45: the CUDA tests and the host side ran out, the
 # speed table measured 5 of its rows, the host-sync tests took 25 s)
-TIMEOUTS = {"CUDA tests": 160, "Speed options": 300, "Host side": 80, "Host-device syncs": 30}
+# (2026-11-27: the machine-full step added, 120 s for its four rows; the others cut to keep the sum at 9.5 minutes)
+TIMEOUTS = {"CUDA tests": 130, "Speed options": 230, "Machine full": 120, "Host side": 60, "Host-device syncs": 30}
 
 
 def run_step(cmd, timeout, env):
@@ -105,6 +107,7 @@ def steps(opts):
             [*bench, "--suite", "gpu", "--timeout", str(opts.row_timeout), *quick, *rows],
             "GPU_SPEED.md",
         ),
+        ("Machine full", [*bench, "--suite", "machine", *quick], "MACHINE.md"),
         ("Host side", [*bench, "--suite", "host", *quick, *host_rows], "HOST.md"),
         ("Host-device syncs", [*pytest, "tests/test_host_syncs.py", *serial, "-k", "cuda"], None),
     ]
@@ -150,7 +153,8 @@ def main():
     opts.device = "cpu" if opts.quick else "cuda"
     opts.out = (opts.out or HERE / ("quick" if opts.quick else "gpu")).resolve()
     opts.out.mkdir(parents=True, exist_ok=True)
-    for stale in ("GPU.md", "GPU_SPEED.md", "HOST.md", "cuda_tests.xml", "*.log"):  # no table of an earlier run
+    stale_files = ("GPU.md", "GPU_SPEED.md", "MACHINE.md", "HOST.md", "cuda_tests.xml", "*.log")
+    for stale in stale_files:  # no table of an earlier run
         for path in opts.out.glob(stale):
             path.unlink()
     import torch

@@ -24,6 +24,7 @@ import gzip
 import importlib
 import io
 import json
+import os
 import re
 import shutil
 import signal
@@ -506,7 +507,7 @@ def unpack(state, work):
 class Chunk:
     """One run's process in this window: its log, read as it grows for the iterations it closes."""
 
-    def __init__(self, key, run, work, extra, checkpoint_interval):
+    def __init__(self, key, run, work, extra, checkpoint_interval, env):
         self.key, self.dir, self.status = key, work / key, read_status(work / key)
         self.dir.mkdir(parents=True, exist_ok=True)
         ckpt = newest_checkpoint(self.dir)
@@ -542,7 +543,7 @@ class Chunk:
         print(f"campaign: {key}: " + ("resumes from " + str(ckpt) if ckpt else "starts"), flush=True)
         # a session of its own: a Ctrl-C at the terminal reaches the campaign, which stops each run with a checkpoint
         self.proc = subprocess.Popen(
-            cmd, cwd=self.dir, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, start_new_session=True
+            cmd, cwd=self.dir, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
 
     def read(self):
@@ -603,13 +604,16 @@ def campaign(opts, extra):
         for key in queue:
             check_script_flags([plan[key]["script"]], [*plan[key]["flags"], *extra])
     live, closed, stopping = [], [], False
+    # each run's share of the cores for torch's threads: OpenMP's idle threads spin, and runs that each take all the
+    # cores leave procgen's threads none (`throughput.py --suite machine`)
+    share = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // opts.parallel))}
     while (queue and not stopping) or live:
         try:
             left = deadline - time.time()
             stopping = stopping or left < opts.margin
             while queue and not stopping and len(live) < opts.parallel and left > 2 * opts.margin:
                 key = queue.pop(0)
-                live.append(Chunk(key, plan[key], opts.work, extra, opts.checkpoint_interval))
+                live.append(Chunk(key, plan[key], opts.work, extra, opts.checkpoint_interval, {**os.environ, **share}))
             for chunk in live:
                 chunk.read()
                 if stopping or (opts.chunk_iterations and chunk.iterations >= opts.chunk_iterations):

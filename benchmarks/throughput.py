@@ -4,6 +4,7 @@
     python benchmarks/throughput.py --quick    # tiny sizes, under a minute: checks that the benchmark works
     python benchmarks/throughput.py --device cuda          # the same on a GPU
     python benchmarks/throughput.py --suite host           # the host side's ceiling (HOST.md): a few minutes
+    python benchmarks/throughput.py --suite machine --device cuda  # 1 to 4 runs at once: the machine's total (GPU)
 
 It measures, on this machine and in this one run:
   (a) the ceiling: procgen stepping 64 envs with random actions and no network, for several thread counts;
@@ -14,7 +15,9 @@ It measures, on this machine and in this one run:
       that the drift of a shared machine falls on all of them alike;
   (e) the peak memory (resident set) of every run;
   (f) with --suite host, what is not the network: each script's own train() with the network replaced by one
-      learned feature vector (a policy that ignores the image) and a one-minibatch update, beside procgen alone.
+      learned feature vector (a policy that ignores the image) and a one-minibatch update, beside procgen alone;
+  (g) with --suite machine, the machine full: 1, 2, 3 and 4 runs of the full PPO file at once, each at the defaults,
+      the sum of their steps per second (MACHINE.md): how many runs a sweep or the protocol's campaign should share it.
 Each configuration runs as its own process of the real script; figures are medians over the repetitions.
 Results go to RESULTS.md and throughput.png in --out: this folder by default, and with --quick its quick/
 subfolder (git-ignored), so that a check never overwrites the committed measurement.
@@ -95,6 +98,10 @@ HOST_CONFIGS = [
     ("PPG full (policy phase), --rollout folded", "ppg_procgen_full", ["--rollout", "folded", "--n-iteration", "4"],
      {}),
 ]  # fmt: skip
+
+
+# the machine full: this many runs of the full PPO file at once, each a process at the defaults (a check: 1 and 2)
+MACHINE_RUNS, QUICK_MACHINE_RUNS = (1, 2, 3, 4), (1, 2)
 
 
 def ceiling(num_envs, steps, threads, reps):
@@ -271,6 +278,81 @@ def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeo
     return last
 
 
+def together(n, flags, iterations, batch, opts):
+    """`n` runs of the full PPO file started at once, each a process with its own seed and its share of the cores for
+    torch's threads (OpenMP's idle threads spin: n runs of all the cores each leave procgen's threads none): each
+    one's steps per second over whole iterations after its first (the median of its `perf/iteration_seconds`), and
+    their sum."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // n))}
+
+    def one(seed):
+        cmd = [sys.executable, str(ROOT / "ppo_procgen_full.py"), "--total-timesteps", str(batch * iterations),
+               "--device", opts.device, "--seed", str(seed), "--exp-name", "machine", *flags]  # fmt: skip
+        acc = run_logged(cmd, opts.out, env, opts.timeout)[2]
+        return batch / statistics.median(e.value for e in acc.Scalars("perf/iteration_seconds")[1:])
+
+    with ThreadPoolExecutor(n) as pool:
+        per_run = list(pool.map(one, range(1, n + 1)))
+    return {"total": sum(per_run), "per_run": statistics.median(per_run)}
+
+
+def machine_suite(opts):
+    """MACHINE.md: for 1 to 4 runs at once, the machine's total steps per second and each run's, the rows alternating
+    within each repetition."""
+    reps = opts.reps or (1 if opts.quick else 3)
+    sizes = [*QUICK_SIZES, *QUICK_NETWORK] if opts.quick else []
+    batch, iterations = (4 * 32, 3) if opts.quick else (64 * 256, 4)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    counts = [n for n in (QUICK_MACHINE_RUNS if opts.quick else MACHINE_RUNS) if not opts.only or str(n) in opts.only]
+    results, not_measured = {n: [] for n in counts}, {}
+    for rep in range(reps):
+        for n in counts:
+            try:
+                results[n].append(together(n, sizes, iterations, batch, opts))
+            except TimeoutError:
+                not_measured[n] = f"timed out after {opts.timeout:g} s"
+            except RunFailed as exc:
+                not_measured[n] = f"failed, exit status {exc.status}: " + " / ".join(exc.last).replace("|", "/")
+            r = results[n][-1] if n not in not_measured else None
+            print(f"rep {rep + 1}/{reps}  {n} at once: " + (not_measured.get(n) or f"{r['total']:.0f} steps/s in all"),
+                  flush=True)  # fmt: skip
+            write_machine(opts, results, not_measured, reps, batch, iterations)
+    if not_measured:
+        raise SystemExit(f"throughput.py: {len(not_measured)} row(s) not measured: {', '.join(map(str, not_measured))}")
+
+
+def write_machine(opts, results, not_measured, reps, batch, iterations):
+    """MACHINE.md: the medians so far; a row that failed says why, one not run yet says so."""
+    cmd = "python benchmarks/throughput.py --suite machine" + (" --quick" if opts.quick else "")
+    cmd += (f" --reps {opts.reps}" if opts.reps else "") + (f" --device {opts.device}" if opts.device != "cpu" else "")
+    base = statistics.median(r["total"] for r in results[1]) if results.get(1) else None
+    lines = [
+        "# The machine full: runs at once" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else ""),
+        "",
+        f"Machine: {machine(opts.device)}.  ",
+        f"Command: `{cmd}`, {time.strftime('%Y-%m-%d')}. Medians over {reps} repetition(s), the rows alternating.",
+        f"N runs of `ppo_procgen_full.py` at its defaults ({'tiny sizes' if opts.quick else 'on the device'}), started",
+        "together, each a process of its own with its own seed and its share of the cores for torch's threads",
+        f"(`OMP_NUM_THREADS`: the cores / N, unless set), {iterations} iterations of {batch} steps; each run's",
+        "steps per second over whole iterations after its first (the median of its `perf/iteration_seconds`: the",
+        "rollout, the test envs and the update), and their sum: what the machine gives when it is shared.",
+        "",
+        "| runs at once | steps/s in all | steps/s a run | in all, against one run alone |",
+        "|---|---|---|---|",
+    ]
+    for n, rows in results.items():
+        if rows:
+            total = statistics.median(r["total"] for r in rows)
+            ratio = f"{total / base:.2f}x" if base else ""
+            lines.append(f"| {n} | {total:.0f} | {statistics.median(r['per_run'] for r in rows):.0f} | {ratio} |")
+        else:
+            lines.append(f"| {n} | {not_measured.get(n, NOT_RUN)} |  |  |")
+    (opts.out / "MACHINE.md").write_text("\n".join([*lines, ""]))
+    print(f"wrote {opts.out / 'MACHINE.md'}")
+
+
 # the CleanRL suite: CleanRL's own ppo_procgen.py, unmodified (given by path, with a Python that has its packages:
 # gym 0.23, procgen, tyro), beside ours at the same sizes; each row's iterations timed alike, from its event files
 OURS_BESIDE_CLEANRL = [
@@ -354,12 +436,12 @@ def parse(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: a check, not a measurement")
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every configuration (2; quick: 1)")
     parser.add_argument("--out", type=Path, default=None, help="where results go (this folder; quick: its quick/)")
-    parser.add_argument("--suite", choices=["speed", "options", "host", "gpu", "cleanrl"], default="speed",
+    parser.add_argument("--suite", choices=["speed", "options", "host", "gpu", "cleanrl", "machine"], default="speed",
                         help="speed: the speed options at default sizes (RESULTS.md); options: V-trace, prioritised "
                         "sampling and RND against plain PPO at 16 envs (OPTIONS.md); host: train() without the "
                         "network, beside procgen alone (HOST.md); gpu: each GPU speed option alone and all together "
                         "(GPU_SPEED.md), for --device cuda; cleanrl: CleanRL's ppo_procgen.py beside ours "
-                        "(CLEANRL.md)")  # fmt: skip
+                        "(CLEANRL.md); machine: 1 to 4 runs at once, the machine's total (MACHINE.md)")  # fmt: skip
     parser.add_argument("--cleanrl", type=Path, default=None, help="CleanRL's ppo_procgen.py, for --suite cleanrl")
     parser.add_argument("--cleanrl-python", default=None, help="a Python with CleanRL's packages (default: this one)")
     parser.add_argument("--device", default="cpu", help="the scripts' --device: cpu, cuda, cuda:N")
@@ -379,6 +461,8 @@ def main():
         return host_suite(opts)
     if opts.suite == "cleanrl":
         return cleanrl_suite(opts)
+    if opts.suite == "machine":
+        return machine_suite(opts)
     reps = opts.reps or (1 if opts.quick else 2)
     configs = {"speed": CONFIGS, "options": OPTION_CONFIGS, "gpu": GPU_CONFIGS}[opts.suite]
     configs = [c for c in configs if opts.only is None or any(text in c[0] for text in opts.only)]

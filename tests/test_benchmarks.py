@@ -82,7 +82,7 @@ def planted(tmp_path, code):
 
 
 def test_the_gpu_kit_runs_every_step_in_quick_mode_whatever_its_rows_do(tmp_path):
-    """The GPU kit on a CPU (`--quick`): its four steps run and GPU.md gathers them. Of the speed table's three rows one
+    """The GPU kit on a CPU (`--quick`): its five steps run and GPU.md gathers them. Of the speed table's three rows one
     is made to fail and one to hang past the row time limit: the table is written with the third row measured, and
     names the other two with the exit status and last stderr line, or the time limit; the host side's table likewise,
     with its lean row made to fail and its full row's training steps/s, procgen alone's, their ratio and the parts."""
@@ -92,9 +92,14 @@ def test_the_gpu_kit_runs_every_step_in_quick_mode_whatever_its_rows_do(tmp_path
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # two steps are missing rows
     kit = (tmp_path / "kit" / "GPU.md").read_text()
-    for title, verdict in (("CUDA tests", "ok"), ("Speed options", "FAILED (exit 1)"), ("Host side", "FAILED (exit 1)"),
-                           ("Host-device syncs", "ok")):  # fmt: skip
+    for title, verdict in (("CUDA tests", "ok"), ("Speed options", "FAILED (exit 1)"), ("Machine full", "ok"),
+                           ("Host side", "FAILED (exit 1)"), ("Host-device syncs", "ok")):  # fmt: skip
         assert f"## {title}" in kit and f"{title}: {verdict}" in proc.stdout, (title, proc.stdout)
+    # the machine full, 1 and 2 runs at once in a check: the sum of the runs' steps per second, each run's
+    together = [
+        row.split("|")[1:-1] for row in kit.split("## Machine full")[1].splitlines() if row[:4] in ("| 1 ", "| 2 ")
+    ]
+    assert [int(row[0]) for row in together] == [1, 2] and all(float(row[1]) >= float(row[2]) > 0 for row in together)
     assert "<testcase" in (tmp_path / "kit" / "cuda_tests.xml").read_text()  # each CUDA test's outcome, by name
     speed = {
         row.split("|")[1].strip(): row for row in kit.split("## Host side")[0].splitlines() if row.startswith("| PPO")
