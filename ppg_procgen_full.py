@@ -1795,11 +1795,19 @@ def quiet_event_writer(hook):
 def keeps_process_settings(train):
     """The console (the status line's or a silent rank's `sys.stdout`), the stop signals' handlers, torch.distributions'
     argument checks and threads' exception hook, as they were before `train`; a run directory removed mid-run stops
-    the run in one line, exit status 5."""
+    the run in one line, exit status 5. A process started with its standard output closed (`>&-`, as some schedulers
+    start jobs; Python's `sys.stdout` is then None) runs silently: /dev/null takes descriptor 1 before any file the
+    run opens could, where a library's own prints would land."""
 
     @functools.wraps(train)
     def wrapper(*args, **kwargs):
         stdout, handlers = sys.stdout, {s: signal.getsignal(s) for s in STOP_SIGNALS}
+        if stdout is None:
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != 1:
+                os.dup2(null, 1)
+                os.close(null)
+            sys.stdout = open(1, "w", closefd=False)  # closed as a silent rank's is, when `train` ends
         validate, thread_hook = torch.distributions.Distribution._validate_args, threading.excepthook
         threading.excepthook = quiet_event_writer(thread_hook)
         try:

@@ -188,3 +188,17 @@ def test_an_iteration_is_on_disk_when_it_is_reported(name, tmp_path, monkeypatch
         len(read_scalars(only_run_dir(tmp_path)).get("charts/SPS", []))))  # fmt: skip
     script.train(parse(script, [*smoke_args(name), "--device", "cpu"]))
     assert on_disk == [1, 2]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_run_started_with_its_standard_output_closed_trains_silently(name, tmp_path):
+    """`>&-`, as some schedulers start jobs: Python's `sys.stdout` is None. The run trains, exit status 0, nothing on
+    standard error, its losses logged."""
+    import os
+
+    cmd = [sys.executable, str(ROOT / f"{name}.py"), *smoke_args(name), "--device", "cpu"]  # a process of its own
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=300, preexec_fn=lambda: os.close(1)
+    )
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-3000:]
+    assert read_scalars(only_run_dir(tmp_path))["losses/value_loss"]
