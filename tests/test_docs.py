@@ -154,3 +154,45 @@ def test_a_broken_link_or_anchor_is_found(tmp_path, monkeypatch):
     (tmp_path / "a.md").write_text("# A page\n## Speed options\n")
     (tmp_path / "b.md").write_text("[ok](a.md#speed-options) [file](gone.md) [anchor](a.md#nothing) [web](https://x.y)")
     assert broken_links("b.md") == ["gone.md", "a.md#nothing"]
+
+
+def recipe_edits():
+    """The README's recipe for a new loss term, as (old text, new text) pairs: its diff blocks in the section "Copy and
+    modify", the first two for every file, the third for the full files alone."""
+    section = (ROOT / "README.md").read_text().split("## Copy and modify")[1].split("\n## ")[0]
+    edits = []
+    for block in re.findall(r"```diff\n(.*?)```", section, re.S):
+        lines = [line[2:] for line in block.splitlines() if line.strip()]  # in a list item: two spaces of indentation
+        old = "".join(f"{line[1:]}\n" for line in lines if line[:1] in " -")
+        new = "".join(f"{line[1:]}\n" for line in lines if line[:1] in " +")
+        edits.append((old, new))
+    return edits
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_readme_s_recipe_for_a_new_loss_term_trains_and_logs_it(name, tmp_path, monkeypatch):
+    """The README's diff blocks, applied as they are to a copy of each file (each block's old text found exactly once):
+    the copy trains with the new flag and logs the new statistic every iteration, finite; a full file refuses a value
+    against the new rule in one line."""
+    import importlib.util
+    import math
+
+    from conftest import read_scalars
+
+    edits = recipe_edits()
+    assert len(edits) == 3, edits
+    text = (ROOT / f"{name}.py").read_text()
+    for old, new in edits[: 3 if name.endswith("_full") else 2]:
+        assert text.count(old) == 1, f"{name}.py: the README's edit does not apply:\n{old}"
+        text = text.replace(old, new)
+    (tmp_path / f"{name}.py").write_text(text)
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", tmp_path / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.chdir(tmp_path)
+    run_name = script.train(parse(script, [*smoke_args(name), "--device", "cpu", "--value-l2-coef", "0.01"]))
+    logged = read_scalars(tmp_path / "runs" / run_name)["losses/value_l2"]
+    assert [step for step, _ in logged] == [128, 256] and all(math.isfinite(v) and v > 0 for _, v in logged), logged
+    if name.endswith("_full"):
+        status, lines = outcome(script, [*smoke_args(name), "--device", "cpu", "--value-l2-coef", "-1"])
+        assert status == 2 and lines == [f"{name}.py: error: --value-l2-coef -1.0: must be >= 0"], lines
