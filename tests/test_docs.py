@@ -157,15 +157,21 @@ def test_a_broken_link_or_anchor_is_found(tmp_path, monkeypatch):
 
 
 def recipe_edits():
-    """The README's recipe for a new loss term, as (old text, new text) pairs: its diff blocks in the section "Copy and
-    modify", the first two for every file, the third for the full files alone."""
+    """The README's recipe for a new loss term, as (old text, new text, for the full files alone) per hunk: the diff
+    block of its section "Copy and modify", its hunks apart at `@@` lines (`@@ the full files`: the next is theirs)."""
     section = (ROOT / "README.md").read_text().split("## Copy and modify")[1].split("\n## ")[0]
+    (block,) = re.findall(r"```diff\n(.*?)```", section, re.S)
+    hunks = [[]]
+    for line in (line[2:] for line in block.splitlines() if line.strip()):  # in a list item: indented by two spaces
+        hunks += [[line]] if line.startswith("@@") else []
+        hunks[-1] += [] if line.startswith("@@") else [line]
     edits = []
-    for block in re.findall(r"```diff\n(.*?)```", section, re.S):
-        lines = [line[2:] for line in block.splitlines() if line.strip()]  # in a list item: two spaces of indentation
-        old = "".join(f"{line[1:]}\n" for line in lines if line[:1] in " -")
-        new = "".join(f"{line[1:]}\n" for line in lines if line[:1] in " +")
-        edits.append((old, new))
+    for hunk in hunks:
+        full_only = bool(hunk) and hunk[0].startswith("@@") and "full" in hunk[0]
+        body = [line for line in hunk if not line.startswith("@@")]
+        old = "".join(f"{line[1:]}\n" for line in body if line[0] in " -")
+        new = "".join(f"{line[1:]}\n" for line in body if line[0] in " +")
+        edits.append((old, new, full_only))
     return edits
 
 
@@ -180,9 +186,11 @@ def test_the_readme_s_recipe_for_a_new_loss_term_trains_and_logs_it(name, tmp_pa
     from conftest import read_scalars
 
     edits = recipe_edits()
-    assert len(edits) == 3, edits
+    assert [full_only for *_, full_only in edits] == [False, False, True], edits
     text = (ROOT / f"{name}.py").read_text()
-    for old, new in edits[: 3 if name.endswith("_full") else 2]:
+    for old, new, full_only in edits:
+        if full_only and not name.endswith("_full"):
+            continue
         assert text.count(old) == 1, f"{name}.py: the README's edit does not apply:\n{old}"
         text = text.replace(old, new)
     (tmp_path / f"{name}.py").write_text(text)
