@@ -325,14 +325,9 @@ def machine_suite(opts):
 
 def write_machine(opts, results, not_measured, reps, batch, iterations):
     """MACHINE.md: the medians so far; a row that failed says why, one not run yet says so."""
-    cmd = "python benchmarks/throughput.py --suite machine" + (" --quick" if opts.quick else "")
-    cmd += (f" --reps {opts.reps}" if opts.reps else "") + (f" --device {opts.device}" if opts.device != "cpu" else "")
     base = statistics.median(r["total"] for r in results[1]) if results.get(1) else None
     lines = [
-        "# The machine full: runs at once" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else ""),
-        "",
-        f"Machine: {machine(opts.device)}.  ",
-        f"Command: `{cmd}`, {time.strftime('%Y-%m-%d')}. Medians over {reps} repetition(s), the rows alternating.",
+        *page_head(opts, "machine", "# The machine full: runs at once", reps),
         f"N runs of `ppo_procgen_full.py` at its defaults ({'tiny sizes' if opts.quick else 'on the device'}), started",
         "together, each a process of its own with its own seed and its share of the cores for torch's threads",
         f"(`OMP_NUM_THREADS`: the cores / N, unless set), {iterations} iterations of {batch} steps; each run's",
@@ -563,16 +558,23 @@ def host_suite(opts):
 NOT_RUN = "not run: the benchmark is still going, or was stopped before this row"
 
 
-def write_host(opts, results, not_measured, reps, batch):
-    """HOST.md: the medians of the rows measured so far; a row that failed says why, one not run yet says so."""
-    cmd = "python benchmarks/throughput.py --suite host" + (" --quick" if opts.quick else "")
+def page_head(opts, suite, title, reps):
+    """A suite's page's first lines: its title (a quick check said so), the machine, the command and its repetitions."""
+    cmd = f"python benchmarks/throughput.py --suite {suite}" + (" --quick" if opts.quick else "")
     cmd += (f" --reps {opts.reps}" if opts.reps else "") + (f" --device {opts.device}" if opts.device != "cpu" else "")
     cmd += " --only " + " ".join(f'"{text}"' for text in opts.only) if opts.only else ""
-    lines = [
-        "# The host side against the games" + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else ""),
+    return [
+        title + (" (quick mode: tiny sizes, not a measurement)" if opts.quick else ""),
         "",
         f"Machine: {machine(opts.device)}.  ",
         f"Command: `{cmd}`, {time.strftime('%Y-%m-%d')}. Medians over {reps} repetition(s), the rows alternating.",
+    ]
+
+
+def write_host(opts, results, not_measured, reps, batch):
+    """HOST.md: the medians of the rows measured so far; a row that failed says why, one not run yet says so."""
+    lines = [
+        *page_head(opts, "host", "# The host side against the games", reps),
         f"Each script's own `train()` at {'tiny' if opts.quick else 'the default'} sizes (a batch of {batch} steps,",
         "the test envs every iteration), its IMPALA CNN replaced by one learned feature vector (the policy ignores",
         "the image) and each update epoch cut to its first minibatch: what is left is what a faster network cannot",
