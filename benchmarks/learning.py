@@ -542,9 +542,10 @@ class Chunk:
         self.offset, self.iterations, self.signalled = self.log.stat().st_size, 0, None
         print(f"campaign: {key}: " + ("resumes from " + str(ckpt) if ckpt else "starts"), flush=True)
         # a session of its own: a Ctrl-C at the terminal reaches the campaign, which stops each run with a checkpoint
-        self.proc = subprocess.Popen(
-            cmd, cwd=self.dir, stdout=open(self.log, "a"), stderr=subprocess.STDOUT, start_new_session=True, env=env
-        )
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            )
 
     def read(self):
         """The iterations the run closed since the last read (its console lines)."""
@@ -558,8 +559,13 @@ class Chunk:
             self.status.update(logged_iteration=int(iteration), iterations=int(iterations), step=int(step))
 
     def signal(self, signum):
+        """SIGTERM to the run (its handler finishes the iteration and writes a checkpoint); SIGKILL to the run and
+        every process it started (inductor's compile workers)."""
         if self.signalled != signum and self.proc.poll() is None:
-            self.proc.send_signal(signum)
+            if signum == signal.SIGKILL:
+                os.killpg(self.proc.pid, signum)
+            else:
+                self.proc.send_signal(signum)
             self.signalled = signum
 
     def close(self):
@@ -593,12 +599,12 @@ def campaign(opts, extra):
     write the report at the steps the runs reached."""
     deadline = time.time() + opts.budget
     plan = plan_runs(opts.plan)
+    unknown = set(opts.only or []) - plan.keys()
+    if unknown:  # before anything is unpacked or started
+        raise SystemExit(f"--only: {sorted(unknown)} not in {opts.plan}; its runs: {list(plan)}")
     opts.work.mkdir(parents=True, exist_ok=True)
     opts.state.mkdir(parents=True, exist_ok=True)
     unpack(opts.state, opts.work)
-    unknown = set(opts.only or []) - plan.keys()
-    if unknown:
-        raise SystemExit(f"--only: {sorted(unknown)} not in {opts.plan}; its runs: {list(plan)}")
     queue = [key for key in opts.only or plan if not read_status(opts.work / key)["done"]]
     if deadline - time.time() > 2 * opts.margin:  # time to start a run: every one's flags checked before any starts
         for key in queue:
