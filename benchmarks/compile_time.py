@@ -33,6 +33,7 @@ def timed_run(script, device, mode):
 
     import torch
 
+    sys.path.insert(0, str(ROOT))  # where a full file finds plumbing.py
     spec = importlib.util.spec_from_file_location(script, ROOT / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -60,7 +61,7 @@ def timed_run(script, device, mode):
     torch.compile = timing_compile
     batch = 64 * 256
     flags = ["--total-timesteps", str(batch), "--device", device, "--compile", mode, *SCRIPTS[script]]
-    module.train(module.parse_args([*flags, "--exp-name", "compile_time"]))
+    module.train(module.plumbing.parse_args(module.Args, [*flags, "--exp-name", "compile_time"]))
     for (name, shape), seconds in calls.items():
         later = statistics.median(seconds[1:]) if len(seconds) > 1 else 0.0
         print(f"STAGE {name} {'x'.join(map(str, shape))} {len(seconds)} {seconds[0]:.2f} {later:.4f}", flush=True)

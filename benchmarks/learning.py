@@ -61,7 +61,8 @@ def random_policy_return(env_id, episodes=500, seed=1):
     import gymnasium as gym
     import torch
 
-    from ppo_procgen_full import Args, ProcgenVecEnv, evaluate
+    from plumbing import evaluate
+    from ppo_procgen_full import Args, ProcgenVecEnv
 
     args = Args(env_id=env_id)
 
@@ -757,7 +758,9 @@ def check_script_flags(scripts, extra):
     sys.path.insert(0, str(ROOT))
     for script in scripts:
         module = importlib.import_module(script)  # the full files' parse_args, or tyro.cli as the lean files call it
-        module.parse_args(extra) if hasattr(module, "parse_args") else tyro.cli(module.Args, args=extra)
+        module.plumbing.parse_args(module.Args, extra) if hasattr(module, "plumbing") else tyro.cli(
+            module.Args, args=extra
+        )
 
 
 def main():

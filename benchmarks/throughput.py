@@ -172,7 +172,13 @@ def train_with_tiny_network(path, flags, **swaps):
         print(*args, **kwargs)
 
     module.policy_step, module.print = timed_policy_step, timed_print
-    args = module.parse_args(flags) if hasattr(module, "parse_args") else tyro.cli(module.Args, args=flags)
+    if hasattr(module, "plumbing"):  # a full file's console line is printed there
+        module.plumbing.print = timed_print
+    args = (
+        module.plumbing.parse_args(module.Args, flags)
+        if hasattr(module, "plumbing")
+        else tyro.cli(module.Args, args=flags)
+    )
     module.train(args)
     return module, args, seconds
 

@@ -21,6 +21,7 @@ import torch
 import tyro
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # where a full file, loaded or copied, finds plumbing.py (as `python SCRIPT` does)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: one core's worth of threads per worker, in it and its children
     torch.set_num_threads(1)  # two workers of two threads each on two cores spin-wait for each other (OpenMP)
@@ -113,8 +114,8 @@ def narrow_lean(script, monkeypatch, stacks=(2,)):
 def parse(script, argv, **tyro_kwargs):
     """Args from `argv` as the script's entry point parses them: the full files' `parse_args` (one-line errors), or
     tyro.cli in the lean files (tyro's own message for a malformed flag)."""
-    if hasattr(script, "parse_args"):
-        return script.parse_args(argv, **tyro_kwargs)
+    if hasattr(script, "plumbing"):
+        return script.plumbing.parse_args(script.Args, argv, **tyro_kwargs)
     return tyro.cli(script.Args, args=argv, **tyro_kwargs)
 
 
@@ -124,6 +125,7 @@ def load_script(name):
         spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
+        sys.modules.pop("plumbing", None)  # each full file its own copy: its name in messages, its patches
         spec.loader.exec_module(module)
     return sys.modules[name]
 
@@ -203,7 +205,9 @@ def outcome(script, argv):
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
         try:
-            defaults = {"default": script.cli_defaults(argv)} if hasattr(script, "cli_defaults") else {}
+            defaults = (
+                {"default": script.plumbing.cli_defaults(script.Args, argv)} if hasattr(script, "plumbing") else {}
+            )
             script.check_args(parse(script, argv, **defaults))
             status = 0
         except SystemExit as exc:

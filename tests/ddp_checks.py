@@ -49,16 +49,16 @@ def gradients(envs, normalise, all_reduce):
     loss = pg_loss - args.ent_coef * entropy.mean() + v_loss * args.vf_coef
     loss.backward()
     if all_reduce:
-        script.all_reduce_grads(agent.parameters(), world)
+        script.plumbing.all_reduce_grads(agent.parameters(), world)
     return torch.cat([p.grad.reshape(-1) for p in agent.parameters() if p.grad is not None])
 
 
 reference = gradients(slice(None), lambda x: (x.mean(), x.std()), all_reduce=False)
 rel = lambda g: ((g - reference).abs().max() / reference.abs().max()).item()  # noqa: E731
 result = {
-    "data_parallel": rel(gradients(mine, lambda x: script.global_mean_std(x, world), all_reduce=True)),
+    "data_parallel": rel(gradients(mine, lambda x: script.plumbing.global_mean_std(x, world), all_reduce=True)),
     "local_norm": rel(gradients(mine, lambda x: (x.mean(), x.std()), all_reduce=True)),
-    "no_reduce": rel(gradients(mine, lambda x: script.global_mean_std(x, world), all_reduce=False)),
+    "no_reduce": rel(gradients(mine, lambda x: script.plumbing.global_mean_std(x, world), all_reduce=False)),
 }
 
 # 2. RND's statistics

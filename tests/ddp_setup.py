@@ -10,8 +10,9 @@ import torch.distributed as dist
 
 def load():
     """(script module, output path) for `python FILE.py SCRIPT_NAME OUT_PATH ...`."""
-    name, out_path = sys.argv[1], sys.argv[2]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / f"{name}.py")
+    name, out_path, root = sys.argv[1], sys.argv[2], Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))  # where a full file finds plumbing.py
+    spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     return script, out_path

@@ -17,7 +17,7 @@ script, out_path = load()
 recorder = Recorder(script, pytest.MonkeyPatch())
 seeded, manual_seed = [], torch.manual_seed
 torch.manual_seed = lambda seed: seeded.append(int(seed)) or manual_seed(seed)
-run_name = script.train(script.parse_args(sys.argv[3:]))
+run_name = script.train(script.plumbing.parse_args(script.Args, sys.argv[3:]))
 made = type(recorder.train_env).made
 
 

@@ -29,11 +29,13 @@ FEATURE_TESTS = ["tests/test_features.py", "tests/test_fuzz.py", "tests/test_hos
 # the tests of one lean script: those of the other scripts and of the full files' options are left out
 OPTIONS = "not full and not vtrace and not prio and not rnd and not bf16 and not python_313"
 PPO, PPG, PPO_FULL, PPG_FULL = "ppo_procgen.py", "ppg_procgen.py", "ppo_procgen_full.py", "ppg_procgen_full.py"
+PLUMBING = "plumbing.py"  # the full files' plumbing: its mistakes run the tests of both full files
 TESTS = {  # each file's tests: the test files, and pytest's -k for the cases of that file alone
     PPO: (FAST_TESTS, f"not ppg and {OPTIONS}"),
     PPG: (FAST_TESTS, f"not ppo_procgen and not ppo- and {OPTIONS}"),
     PPO_FULL: (FEATURE_TESTS, "ppo_procgen_full"),
     PPG_FULL: (FEATURE_TESTS, "ppg_procgen_full"),
+    PLUMBING: (FEATURE_TESTS, "full"),
 }
 
 # the tests of the checkpoints' and the run directory's safeguards, for the mistakes that name them
@@ -173,7 +175,7 @@ MUTANTS = [
         ("loss = loss + rnd_loss", "loss = loss + 0 * rnd_loss", "RND's predictor loss weighted by zero"),
         ("RND(args.local_num_envs, args.intrinsic_gamma,", "RND(args.local_num_envs, args.gamma,",
          "RND's intrinsic return discounted with the training discount"),
-        ("    if args.intrinsic_coef > 0 and not ckpt:\n", "    if False:\n",
+        ("    if args.intrinsic_coef > 0 and not run.ckpt:", "    if False:",
          "RND's observation statistics not warmed up"),
         ("        next_obs, next_done = warm_up_rnd(", "        warm_up_rnd(",
          "the first rollout starts from the games as they were before RND's warm-up"),
@@ -182,10 +184,10 @@ MUTANTS = [
         ("dtype=torch.bfloat16):", "dtype=torch.bfloat16, enabled=False):", "bf16 autocast switched off"),
         ("if args.eval_train_levels else (0, 0)", "if False else (0, 0)",
          "--eval-only --eval-train-levels on the test levels"),
-        ("env_seed = args.seed + 7919 * args.rank", "env_seed = args.seed",
+        ("env_seed, test_envs, test_obs = args.seed + 7919 * args.rank,", "env_seed, test_envs, test_obs = args.seed,",
          "torchrun: every process on the same levels"),
-        ("episodes = [e for rank_episodes in gather_objects(episodes, args.world_size) for e in rank_episodes]",
-         "episodes = list(episodes)", "torchrun: only rank 0's episodes logged"),
+        ("e for rank_episodes in gather_objects(episodes, args.world_size) for e in rank_episodes",
+         "e for e in episodes", "torchrun: only rank 0's episodes logged"),
         ("lambda v, a: 0 <= v <= 256", "lambda v, a: True", "--env-threads' rule allows everything"),
         ("self.test_noise[self.t])[0]", "self.noise[self.t, : len(self.test_obs)])[0]",
          "a folded rollout's test envs' actions drawn from the training envs' noise"),
@@ -194,7 +196,7 @@ MUTANTS = [
          "V-trace: the value targets from normalised advantages"),
         (".view(args.num_minibatches, -1)\n", ".view(-1, args.num_minibatches).T\n",
          "V-trace: the segments not in Metta's order"),
-        ("refreshed = b_values.clone()", "refreshed = b_values",
+        ('refreshed = batch["values"].clone() if', 'refreshed = batch["values"] if',
          "V-trace: explained variance from the refreshed values"),
         ("torch.manual_seed(env_seed + 1_000_003 + iteration)", "torch.manual_seed(args.seed + 1_000_003 + iteration)",
          "torchrun: every process's test envs draw the same actions' noise"),
@@ -252,7 +254,25 @@ MUTANTS = [
          "self.value_network = impala_cnn(obs_shape, feature_dim, init_fn)",
          "dual's value network ignores --cnn-channels"),
     ]],
+    # the plumbing's own lines, written once: a mistake there is made once
+    (PLUMBING, "self.seconds[part] = self.seconds.get(part, 0.0) + now - self.last",
+     "self.seconds[part] = now - self.last", "full: the perf timers keep the last step's seconds alone",
+     (["tests/test_features.py"], "perf_timers")),
 ]  # fmt: skip
+
+
+def in_their_file(mutants):
+    """Each mistake where its line is: a line of the full files' that lives in the plumbing is one mistake there, made
+    once for both files (the first of the pair, with its own tests), and named `full: ...`."""
+    placed, plumbing = {}, (ROOT / PLUMBING).read_text()
+    for file, old, new, what, *own in mutants:
+        if file in (PPO_FULL, PPG_FULL) and old not in (ROOT / file).read_text() and old in plumbing:
+            file, what = PLUMBING, "full: " + what.split(": ", 1)[1]
+        placed.setdefault((file, old, new), (file, old, new, what, *own))
+    return list(placed.values())
+
+
+MUTANTS = in_their_file(MUTANTS)
 
 
 def run_tests(copy, file, tests=None, own=None):
@@ -267,7 +287,7 @@ def run_tests(copy, file, tests=None, own=None):
 
 
 def fresh_copy(into):
-    for name in ("ppo_procgen.py", "ppg_procgen.py", "ppo_procgen_full.py", "ppg_procgen_full.py", "pyproject.toml"):
+    for name in (PPO, PPG, PPO_FULL, PPG_FULL, PLUMBING, "pyproject.toml"):
         shutil.copy(ROOT / name, into / name)
     shutil.copytree(ROOT / "tests", into / "tests", ignore=shutil.ignore_patterns("__pycache__"))
 

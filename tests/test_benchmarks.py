@@ -26,7 +26,7 @@ def test_every_row_of_the_speed_tables_is_a_command_its_script_takes(monkeypatch
     for name, file, flags, _ in [row for table in tables for row in table]:
         script = load_script(file)
         if hasattr(script, "host_memory"):  # the full files' memory check
-            monkeypatch.setattr(script, "host_memory", lambda: float(2**40))
+            monkeypatch.setattr(script.plumbing, "host_memory", lambda: float(2**40))
         status, lines = outcome(script, [*flags, "--device", "cpu"])
         assert status == 0 and not lines, (name, lines)
 

@@ -18,6 +18,7 @@ from conftest import (
     file_size_limit,
     load_script,
     outcome,
+    parse,
     python,
     read_scalars,
     smoke_args,
@@ -328,7 +329,7 @@ def test_divergence_stops_the_run_and_keeps_the_good_checkpoints(tmp_path, monke
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     script = load_script("ppo_procgen_full")
-    first = script.save_checkpoint(str(tmp_path), "iter_00000001.pt", {"iteration": 1})
+    first = script.plumbing.save_checkpoint(str(tmp_path), "iter_00000001.pt", {"iteration": 1})
 
     def killed_mid_write(fd):
         os.write(fd, b"partial")
@@ -336,7 +337,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", killed_mid_write)
     with pytest.raises(KeyboardInterrupt):
-        script.save_checkpoint(str(tmp_path), "iter_00000001.pt", {"iteration": 2})
+        script.plumbing.save_checkpoint(str(tmp_path), "iter_00000001.pt", {"iteration": 2})
     monkeypatch.undo()
     assert torch.load(first, weights_only=False) == {"iteration": 1}
 
@@ -352,35 +353,35 @@ def test_only_the_last_checkpoint_missing_ends_the_run_with_status_4(name, tmp_p
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as patch:
-        patch.setattr(script, "WholeWrites", disk_full)
-        assert script.save_checkpoint(run_dir, "iter_00000001.pt", {"iteration": 1}) is None
-    assert script.save_checkpoint(run_dir, "iter_00000002.pt", {"iteration": 2})
-    script.exit_unless_kept(run_dir)  # nothing missing: returns
+        patch.setattr(script.plumbing, "WholeWrites", disk_full)
+        assert script.plumbing.save_checkpoint(run_dir, "iter_00000001.pt", {"iteration": 1}) is None
+    assert script.plumbing.save_checkpoint(run_dir, "iter_00000002.pt", {"iteration": 2})
+    script.plumbing.exit_unless_kept(run_dir)  # nothing missing: returns
     with monkeypatch.context() as patch:
-        patch.setattr(script, "WholeWrites", disk_full)
-        script.save_checkpoint(run_dir, "iter_00000003.pt", {"iteration": 3})
+        patch.setattr(script.plumbing, "WholeWrites", disk_full)
+        script.plumbing.save_checkpoint(run_dir, "iter_00000003.pt", {"iteration": 3})
     with pytest.raises(SystemExit) as stop:
-        script.exit_unless_kept(run_dir)
+        script.plumbing.exit_unless_kept(run_dir)
     assert stop.value.code == 4 and capsys.readouterr().err.strip().splitlines()[-1].startswith(
         f"{name}.py: error: the run ended without its last checkpoint, {run_dir}/checkpoints/iter_00000003.pt; the "
         f"newest checkpoint kept is {run_dir}/checkpoints/iter_00000002.pt (iteration 2): resume with"
     )
     with monkeypatch.context() as patch:  # a model file not written: status 4 too
-        patch.setattr(script, "open", disk_full, raising=False)
-        script.save_model(torch.nn.Linear(1, 1), f"{run_dir}/model")
+        patch.setattr(script.plumbing, "open", disk_full, raising=False)
+        script.plumbing.save_model(torch.nn.Linear(1, 1), f"{run_dir}/model")
     with pytest.raises(SystemExit) as stop:
-        script.exit_unless_kept(run_dir)
+        script.plumbing.exit_unless_kept(run_dir)
     assert stop.value.code == 4
     shutil.rmtree(run_dir)
     with pytest.raises(FileNotFoundError):
-        script.save_checkpoint(run_dir, "iter_00000004.pt", {"iteration": 4})
+        script.plumbing.save_checkpoint(run_dir, "iter_00000004.pt", {"iteration": 4})
     assert not os.path.exists(run_dir)
 
 
 def test_keep_checkpoints_prunes_the_oldest(tmp_path):
     script = load_script("ppo_procgen_full")
     for i in range(1, 6):
-        script.save_checkpoint(str(tmp_path), f"iter_{i:08d}.pt", {"iteration": i}, keep=2)
+        script.plumbing.save_checkpoint(str(tmp_path), f"iter_{i:08d}.pt", {"iteration": i}, keep=2)
         time.sleep(0.01)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["iter_00000004.pt", "iter_00000005.pt"]
 
@@ -458,7 +459,7 @@ def test_a_resumed_checkpoint_is_read_from_disk_once(trained, tmp_path, monkeypa
     reads, load = [], torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: reads.append(a[0]) or load(*a, **k))
     argv = ["--resume", str(run_dir), "--total-timesteps", "384", "--no-save-model"]
-    script.train(script.parse_args(argv, default=script.cli_defaults(argv)))
+    script.train(parse(script, argv, default=script.plumbing.cli_defaults(script.Args, argv)))
     assert len(reads) == 1, reads
 
 
@@ -466,14 +467,14 @@ def test_flags_given_beside_resume_win_over_the_optimizer_s_saved_settings(train
     """Adam's state_dict carries its learning rate and epsilon; `--learning-rate` and `--adam-eps` must still win."""
     script, flags, run_dir = copy_of_run(trained, tmp_path)
     monkeypatch.chdir(tmp_path)
-    restore_run, seen = script.restore_run, []
+    restore_run, seen = script.plumbing.restore_run, []
 
     def restore_and_look(ckpt, agent, optimizer, *a):
         mine = restore_run(ckpt, agent, optimizer, *a)
         seen.append({key: optimizer.param_groups[0][key] for key in ("lr", "eps")})
         return mine
 
-    monkeypatch.setattr(script, "restore_run", restore_and_look)
+    monkeypatch.setattr(script.plumbing, "restore_run", restore_and_look)
     more = ["--total-timesteps", "512", "--learning-rate", "1e-4", "--adam-eps", "1e-6", "--resume", str(run_dir)]
     train(script, [*flags, *more])
     assert seen == [{"lr": 1e-4, "eps": 1e-6}]
@@ -528,7 +529,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_without_running_it(name, tm
     for flag in ("--resume", "--eval-only", "--init-model"):
         with pytest.raises(SystemExit) as exc:
             argv = [*smoke_args(name), "--device", "cpu", flag, str(tmp_path / "iter_00000001.pt")]
-            script.train(script.parse_args(argv, default=script.cli_defaults(argv)))
+            script.train(parse(script, argv, default=script.plumbing.cli_defaults(script.Args, argv)))
         line = one_error_line(capsys, exc)
         assert "not a readable checkpoint (holds more than tensors and plain values" in line, line
     assert not marker.exists()
@@ -554,7 +555,7 @@ def test_a_torchrun_restart_continues_from_the_newest_checkpoint_not_the_resumed
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
     logged = []
-    monkeypatch.setattr(script, "console", logged.append)
+    monkeypatch.setattr(script.plumbing, "console", logged.append)
     assert train(script, [*flags, "--resume", str(first)]) == run_dir.name
     assert any(f"is complete: {iterations} of {iterations} iterations" in line for line in logged), logged
 
@@ -569,9 +570,9 @@ def test_a_run_directory_whose_newest_checkpoint_does_not_read_resumes_from_the_
     capsys.readouterr()
     argv = [*flags, "--total-timesteps", str(torch.load(older, weights_only=False)["global_step"] + 128 * 2)]
     with pytest.raises(SystemExit) as exc:
-        script.train(script.parse_args([*argv, "--resume", str(newest)]))
+        script.train(parse(script, [*argv, "--resume", str(newest)]))
     assert f"{newest}: not a readable checkpoint" in one_error_line(capsys, exc)
-    assert script.train(script.parse_args([*argv, "--resume", str(run_dir)])) == run_dir.name
+    assert script.train(parse(script, [*argv, "--resume", str(run_dir)])) == run_dir.name
     out, err = capsys.readouterr()
     assert err.splitlines() == [f"{script.SCRIPT}.py: warning: --resume: {newest}: skipped, not a readable "
                                 "checkpoint (truncated?: RuntimeError)",
@@ -609,7 +610,7 @@ def test_a_resume_from_an_older_checkpoint_sets_the_newer_ones_aside(three_check
     assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints" / "abandoned").iterdir()} == old
     # the new line's checkpoint, and the one the run resumed from (rotation keeps it, --keep-checkpoints 1 or not)
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*.pt")) == [first.name, second.name]
-    path, ckpt = script.load_checkpoint(str(run_dir), "resume")
+    path, ckpt = script.plumbing.load_checkpoint(str(run_dir), "resume")
     assert path == str(run_dir / "checkpoints" / second.name) and ckpt["global_step"] == 2 * per_checkpoint
 
 
@@ -679,16 +680,16 @@ def test_a_restarted_torchrun_job_continues_its_own_run_not_one_that_shares_its_
     per_phase = 128 if name == "ppo_procgen_full" else 256
     base = [*smoke_args(name), "--device", "cpu", "--total-timesteps", str(per_phase)]
     monkeypatch.setattr(os, "getppid", lambda: 1111)  # the first job's torchrun agent
-    first = script.train(script.parse_args(base))
+    first = script.train(parse(script, base))
     monkeypatch.setattr(os, "getppid", lambda: 2222)  # the second job's
-    second = script.train(script.parse_args([*base, "--checkpoint-interval", "1"]))
+    second = script.train(parse(script, [*base, "--checkpoint-interval", "1"]))
     assert second == f"{first}_2"
     before = contents(tmp_path / "runs" / first)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     more = ["--checkpoint-interval", "1", "--total-timesteps", str(2 * per_phase)]
     logged = []
-    monkeypatch.setattr(script, "console", logged.append)
-    assert script.train(script.parse_args([*base, *more])) == second
+    monkeypatch.setattr(script.plumbing, "console", logged.append)
+    assert script.train(parse(script, [*base, *more])) == second
     assert any(line.startswith(f"resumed from runs/{second}/checkpoints/") for line in logged), logged
     assert contents(tmp_path / "runs" / first) == before
     steps = [s for s, _ in read_scalars(tmp_path / "runs" / second)["losses/policy_loss"]]
@@ -713,8 +714,8 @@ def test_rotation_deletes_only_older_checkpoints_and_never_the_resumed_one(tmp_p
     and the checkpoint the run resumed from stays, whatever `keep` is."""
     script = load_script(name)
     for i in (1, 2, 9):
-        script.save_checkpoint(str(tmp_path), f"iter_{i:08d}.pt", {"iteration": i})
+        script.plumbing.save_checkpoint(str(tmp_path), f"iter_{i:08d}.pt", {"iteration": i})
     resumed = str(tmp_path / "checkpoints" / "iter_00000001.pt")
-    script.save_checkpoint(str(tmp_path), "iter_00000003.pt", {"iteration": 3}, keep=1, kept=resumed)
+    script.plumbing.save_checkpoint(str(tmp_path), "iter_00000003.pt", {"iteration": 3}, keep=1, kept=resumed)
     names = ["iter_00000001.pt", "iter_00000003.pt", "iter_00000009.pt"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == names

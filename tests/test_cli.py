@@ -255,7 +255,9 @@ def test_allocator_setting_changes_no_result(tmp_path):
 @pytest.mark.parametrize("missing,named", [(["tyro"], "tyro"), (["procgen", "procgen_gym"], "procgen")])
 def test_a_missing_package_is_one_line_naming_it(tmp_path, missing, named):
     blocked = "; ".join(f"sys.modules[{m!r}] = None" for m in missing)  # as if not installed
-    code = f"import runpy, sys; {blocked}; runpy.run_path({str(ROOT / 'ppo_procgen_full.py')!r}, run_name='__main__')"
+    path = f"sys.path.insert(0, {str(ROOT)!r})"  # as `python SCRIPT` puts its directory first
+    run = f"runpy.run_path({str(ROOT / 'ppo_procgen_full.py')!r}, run_name='__main__')"
+    code = f"import runpy, sys; {blocked}; {path}; {run}"
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [
@@ -267,7 +269,7 @@ def test_a_missing_package_is_one_line_naming_it(tmp_path, missing, named):
 def test_the_status_line_is_cleared_before_every_printed_line():
     """The full files' status line: drawn at most 4 times a second, erased before any other output, and at the end."""
     terminal = io.StringIO()
-    status = load_script("ppo_procgen_full").StatusLine(terminal)
+    status = load_script("ppo_procgen_full").plumbing.StatusLine(terminal)
     status.show("iter 1/2  rollout 3/32")
     print("iter 1/2  step 128", file=status)
     status.show("iter 2/2  rollout 1/32")  # within 0.25 s of the last drawing: not drawn
@@ -297,7 +299,7 @@ def test_train_puts_back_the_process_settings(tmp_path, monkeypatch, name):
 
     before = settings()
     shown = []  # what the status line was asked to draw (it draws at most 4 times a second)
-    monkeypatch.setattr(script.StatusLine, "show", lambda self, text: shown.append(text))
+    monkeypatch.setattr(script.plumbing.StatusLine, "show", lambda self, text: shown.append(text))
     script.train(parse(script, [*smoke_args(name), "--device", "cpu"]))
     assert settings() == before
     # the rollout, the update and PPG's auxiliary phase, each with the step it is at and the time left

@@ -5,7 +5,7 @@ and PPG with its auxiliary phase), within fp32 rounding grown over two iteration
 import numpy as np
 import pytest
 import torch
-from conftest import NARROW, load_script, read_scalars
+from conftest import NARROW, load_script, parse, read_scalars
 from scripted_env import Bandit, ScriptedProcgen
 from test_loop import NUM_ENVS, NUM_STEPS, PPG, SMALL, is_ppg
 
@@ -41,7 +41,7 @@ def test_compiled_stages_log_the_losses_of_the_eager_ones(name, tmp_path, monkey
         monkeypatch.setattr(ScriptedProcgen, "made", [])  # the same games (numbered from 0) in each run
         (tmp_path / mode).mkdir()
         monkeypatch.chdir(tmp_path / mode)
-        scalars = read_scalars(tmp_path / mode / "runs" / script.train(script.parse_args([*flags, "--compile", mode])))
+        scalars = read_scalars(tmp_path / mode / "runs" / script.train(parse(script, [*flags, "--compile", mode])))
         logged[mode] = {tag: [v for _, v in rows] for tag, rows in scalars.items() if tag.startswith(tags)}
     assert compiled == STAGES[name]  # each stage once, in the compiled run alone
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= len(STAGES[name])
@@ -78,7 +78,7 @@ def test_ppg_compiles_once_across_its_auxiliary_phases(tmp_path, monkeypatch):
     try:
         flags = [*SMALL, *NARROW, "--num-eval-envs", str(NUM_ENVS), *PPG, "--n-iteration", "1", "--compile", "default"]
         flags += ["--total-timesteps", str(3 * NUM_ENVS * NUM_STEPS)]
-        scalars = read_scalars(tmp_path / "runs" / script.train(script.parse_args(flags)))
+        scalars = read_scalars(tmp_path / "runs" / script.train(parse(script, flags)))
     finally:
         torch._dynamo.guards.recompiles_log.removeHandler(handler)
         torch._logging.set_logs()

@@ -43,7 +43,7 @@ def test_a_cpu_process_under_torchrun_asks_for_no_gpu(name, gpus, monkeypatch, t
     monkeypatch.chdir(tmp_path)
     script = load_script(name)
     with pytest.raises(SystemExit):
-        script.train(script.parse_args([*smoke_args(name), "--device", "cpu", "--eval-only", "missing.pt"]))
+        script.train(parse(script, [*smoke_args(name), "--device", "cpu", "--eval-only", "missing.pt"]))
     assert asked == [] and "--eval-only" in capsys.readouterr().err
 
 
@@ -64,7 +64,7 @@ def test_gpu_flag_combinations_that_would_go_wrong_are_one_line(
         torchrun_env(monkeypatch, local_rank, world_size)
     script = load_script(name)
     with pytest.raises(SystemExit) as stop:
-        script.check_args(script.parse_args([*smoke_args(name), *flags]))
+        script.check_args(parse(script, [*smoke_args(name), *flags]))
     lines = capsys.readouterr().err.strip().splitlines()
     assert stop.value.code == 2 and len(lines) == 1 and message in lines[0], lines
     assert asked == []  # refused before any GPU was set
@@ -81,7 +81,7 @@ def test_a_torchrun_process_takes_its_local_rank_s_gpu(name, local_rank, world_s
     torchrun_env(monkeypatch, local_rank, world_size)
     monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: type("T", (), {"device": device})())
     script = load_script(name)
-    args = script.parse_args([*smoke_args(name), "--device", device])
+    args = parse(script, [*smoke_args(name), "--device", device])
     script.check_args(args)
     assert asked == asked_for and args.device == "cuda:1"
 
@@ -94,11 +94,11 @@ def test_checkpoints_keep_the_random_state_of_this_process_s_gpu_alone(name, mon
     monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: used.append(("get", device)) or torch.ones(1))
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: used.append("set all"))
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: used.append(("set", device)))
-    assert script.rng_state(torch.device("cpu"))["cuda"] is None  # a CPU run keeps no GPU state
+    assert script.plumbing.rng_state(torch.device("cpu"))["cuda"] is None  # a CPU run keeps no GPU state
     gpu = torch.device("cuda:3")
-    state = script.rng_state(gpu)
-    script.set_rng_state(state, torch.device("cuda:0"))  # resumed where that GPU is the first
-    script.set_rng_state(state, torch.device("cpu"))  # or on a machine with none
+    state = script.plumbing.rng_state(gpu)
+    script.plumbing.set_rng_state(state, torch.device("cuda:0"))  # resumed where that GPU is the first
+    script.plumbing.set_rng_state(state, torch.device("cpu"))  # or on a machine with none
     assert used == [("get", gpu), ("set", torch.device("cuda:0"))]
 
 
@@ -109,12 +109,12 @@ def test_bf16_autocast_covers_the_encoders_alone(name, tmp_path, monkeypatch):
     on the weights that made the rollout, has a log-ratio at fp32's rounding (a bf16 head's is near 1e-3); not
     exactly zero, since a CPU may block an fp32 product of another batch size differently."""
     script, logratios, wrapped = load_script(name), [], []
-    loss, autocast = script.clipped_policy_loss, script.autocast_bf16
+    loss, autocast = script.clipped_policy_loss, script.plumbing.autocast_bf16
     monkeypatch.setattr(script, "clipped_policy_loss", lambda lr, *a: logratios.append(lr.detach()) or loss(lr, *a))
-    monkeypatch.setattr(script, "autocast_bf16", lambda module: wrapped.append(module) or autocast(module))
+    monkeypatch.setattr(script.plumbing, "autocast_bf16", lambda module: wrapped.append(module) or autocast(module))
     monkeypatch.chdir(tmp_path)
     flags = [*smoke_args(name), "--device", "cpu", "--autocast", "bf16", "--eval-interval", "0", "--e-auxiliary", "1"]
-    run_name = script.train(script.parse_args(flags if "ppg" in name else [*flags[:-2], "--total-timesteps", "128"]))
+    run_name = script.train(parse(script, flags if "ppg" in name else [*flags[:-2], "--total-timesteps", "128"]))
     encoders = {"network", "value_network"}  # PPG's dual architecture has a second one
     assert wrapped and all(isinstance(m, torch.nn.Sequential) and len(m) > 2 for m in wrapped)
     agent = script.Agent((64, 64, 3), 15, 16, "orthogonal", *(["dual"] if "ppg" in name else []))

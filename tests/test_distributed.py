@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import AUX_TAGS, ROOT, assert_trained, load_script, only_run_dir, read_scalars, smoke_args
+from conftest import AUX_TAGS, ROOT, assert_trained, load_script, only_run_dir, parse, read_scalars, smoke_args
 
 # On this machine gloo's connectFullMesh has, twice in about ten launches, been refused on 127.0.0.1 at process-group
 # init (cause not established); one restart of torchrun's own absorbs such a start, and every assertion below still
@@ -130,12 +130,12 @@ def test_torchrun_without_a_run_id_names_each_run_apart(name, monkeypatch, tmp_p
     script = load_script(name)
     monkeypatch.chdir(tmp_path)  # join_processes makes the run's directory
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
-    args = script.parse_args([*smoke_args(name), "--device", "cpu"])
+    args = parse(script, [*smoke_args(name), "--device", "cpu"])
     script.check_args(args)
-    run_name = script.join_processes(args, torch.device("cpu"))
+    run_name = script.plumbing.join_processes(args, torch.device("cpu"))
     assert run_name.rsplit("__", 1)[1].isdigit(), run_name
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
-    assert script.join_processes(args, torch.device("cpu")).endswith("__job-7")
+    assert script.plumbing.join_processes(args, torch.device("cpu")).endswith("__job-7")
 
 
 @pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
@@ -147,6 +147,6 @@ def test_a_restarted_job_without_a_checkpoint_starts_its_log_anew(name, tmp_path
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
     for restart in ("0", "1"):
         monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart)
-        run_name = script.train(script.parse_args([*smoke_args(name), "--device", "cpu"]))
+        run_name = script.train(parse(script, [*smoke_args(name), "--device", "cpu"]))
     assert run_name.endswith("__job-1") and len(list((tmp_path / "runs").iterdir())) == 1
     assert [step for step, _ in read_scalars(tmp_path / "runs" / run_name)["losses/policy_loss"]] == [128, 256]

@@ -7,11 +7,12 @@ episodes of all of them in the log."""
 
 import copy
 import json
+import time
 
 import numpy as np
 import pytest
 import torch
-from conftest import NARROW, ROOT, load_script, read_scalars
+from conftest import NARROW, ROOT, load_script, parse, read_scalars, smoke_args
 from scripted_env import Recorder, ids
 from test_distributed import torchrun
 from test_loop import NUM_ENVS, NUM_STEPS, PPG, SMALL, hand_gae, is_ppg, train
@@ -285,7 +286,7 @@ def test_eval_only_plays_the_levels_it_is_asked_for(name, tmp_path, monkeypatch)
              "saved.cleanrl_model", "--eval-episodes", "4", "--num-eval-envs", "2"]  # fmt: skip
     for extra, levels in (([], (0, 0)), (["--eval-train-levels"], (7, 3))):
         recorder = Recorder(script, monkeypatch)
-        returns = script.train(script.parse_args([*flags, *extra]))
+        returns = script.train(parse(script, [*flags, *extra]))
         (env,) = type(recorder.train_env).made
         assert (env.kwargs["num_levels"], env.kwargs["start_level"]) == levels and len(returns) == 4
 
@@ -299,7 +300,7 @@ def test_eval_only_is_seeded_by_seed(name, tmp_path, monkeypatch):
     actions = []
     for seed in ("1", "1", "2"):
         recorder = Recorder(script, monkeypatch)
-        script.train(script.parse_args([*flags, "--seed", seed]))
+        script.train(parse(script, [*flags, "--seed", seed]))
         actions.append(torch.cat([out[0] for kind, _, out in recorder.calls if kind == "act"]))
         torch.rand(3)  # the global generator moved on between the calls
     assert torch.equal(actions[0], actions[1]) and not torch.equal(actions[0], actions[2])
@@ -333,8 +334,9 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
     return of the plain rollout, bit for bit; and they did step ahead of `envs.step` (the test envs every step, the
     first half of the training envs too when pipelined)."""
     script = load_script(name)
-    started, act_ahead = [], script.AheadSteps.act_ahead
-    monkeypatch.setattr(script.AheadSteps, "act_ahead", lambda self, a, part=None: started.append((len(a), part))
+    started, ahead = [], script.plumbing.AheadSteps
+    act_ahead = ahead.act_ahead
+    monkeypatch.setattr(ahead, "act_ahead", lambda self, a, part=None: started.append((len(a), part))
                         or act_ahead(self, a, part))  # fmt: skip
     flags = ["--env-id", "bigfish", "--num-envs", "8", "--num-steps", "64", "--total-timesteps", "1024",
              "--num-minibatches", "2", "--num-eval-envs", "4", "--device", "cpu", *NARROW,
@@ -344,7 +346,7 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
         started.clear()
         (tmp_path / rollout).mkdir()
         monkeypatch.chdir(tmp_path / rollout)
-        run_name = script.train(script.parse_args([*flags, "--rollout", rollout]))
+        run_name = script.train(parse(script, [*flags, "--rollout", rollout]))
         scalars = read_scalars(tmp_path / rollout / "runs" / run_name)
         logged[rollout] = {tag: rows for tag, rows in scalars.items() if tag.startswith(("losses/", "charts/episodic",
                                                                                          "charts/test"))}  # fmt: skip
@@ -374,7 +376,7 @@ def test_the_folded_rollout_trains_alike_with_and_without_evaluation_where_a_bat
     for evaluation in ("1", "0"):
         (tmp_path / evaluation).mkdir()
         monkeypatch.chdir(tmp_path / evaluation)
-        run_name = script.train(script.parse_args([*flags, "--eval-interval", evaluation]))
+        run_name = script.train(parse(script, [*flags, "--eval-interval", evaluation]))
         scalars = read_scalars(tmp_path / evaluation / "runs" / run_name)
         logged.append({tag: rows for tag, rows in scalars.items() if tag.startswith(("losses/", "charts/episodic"))})
     assert "charts/test_episodic_return" in scalars or evaluation == "0"
@@ -420,3 +422,18 @@ def test_rnd_s_discount_and_observation_warm_up_are_rnd_s(name, tmp_path, monkey
         assert rnd.gamma == (0.5 if gamma else 0.99)
         assert int(rnd.obs_count) == (warm_up + 2 * NUM_STEPS) * NUM_ENVS  # and two rollouts' observations
         assert (training_steps(recorder, 0)[0] == warm_up).all()
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_perf_timers_add_up_every_step(tmp_path, monkeypatch, name):
+    """[32] perf/env_seconds is every step's stepping of the games, not the last step's: games made 5 ms slower a
+    step log at least the rollout's steps x 5 ms an iteration, and the parts fit inside the iteration's seconds."""
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    step = script.ProcgenVecEnv.step
+    monkeypatch.setattr(script.ProcgenVecEnv, "step", lambda self, actions: time.sleep(0.005) or step(self, actions))
+    flags = [*smoke_args(name), "--device", "cpu", "--eval-interval", "0"]
+    scalars = read_scalars(tmp_path / "runs" / script.train(parse(script, flags)))
+    for iteration, (_, env_seconds) in enumerate(scalars["perf/env_seconds"]):
+        parts = sum(scalars[f"perf/{part}_seconds"][iteration][1] for part in ("env", "inference", "eval", "update"))
+        assert 32 * 0.005 <= env_seconds and parts <= scalars["perf/iteration_seconds"][iteration][1]

@@ -83,13 +83,18 @@ def assert_clean(script, argv, status, lines):
         assert status == 2 and len(lines) == 1 and lines[0].startswith(f"{name}.py: error: "), (argv, status, lines)
 
 
+def rules_of(script):
+    """A full file's rules: the plumbing's, then the script's own (the game's, the algorithm's and its options')."""
+    return {**script.plumbing.RULES, **script.ALGORITHM_RULES}
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_every_field_needs_a_rule(name):
     script = load_script(name)
-    assert unruled(script.Args, script.RULES) == []
+    assert unruled(script.Args, rules_of(script)) == []
     # the check itself: a field added without a rule is found
     extra = dataclasses.make_dataclass("Args", [("new_knob", int, dataclasses.field(default=3))], bases=(script.Args,))
-    assert unruled(extra, script.RULES) == ["new_knob"]
+    assert unruled(extra, rules_of(script)) == ["new_knob"]
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -97,7 +102,7 @@ def test_fuzzed_flags_stop_with_one_line_or_start(tmp_path, monkeypatch, name):
     script = load_script(name)
     monkeypatch.chdir(tmp_path)  # a relative path among the values is looked up here, in an empty directory
     # the rules, whatever this machine has free: PPG's default sizes need 12.2 GiB (test_no_traceback checks the memory)
-    monkeypatch.setattr(script, "host_memory", lambda: float(2**40))
+    monkeypatch.setattr(script.plumbing, "host_memory", lambda: float(2**40))
     refused, cases, types = set(), 0, field_types(script.Args)
     for field, argv in edge_argvs(script.Args):
         status, lines = outcome(script, argv)
@@ -111,7 +116,9 @@ def test_fuzzed_flags_stop_with_one_line_or_start(tmp_path, monkeypatch, name):
         assert_clean(script, argv, status, lines)
         assert status == 2 and argv[0].split("=")[0] in message(script, lines), (argv, lines)
         cases += 1
-    pairs = sorted(set(dependencies(script.Args, [script.RULES, script.WARNINGS])))
+    pairs = sorted(
+        set(dependencies(script.Args, [rules_of(script), {**script.ALGORITHM_WARNINGS, **script.plumbing.WARNINGS}]))
+    )
     assert pairs, "no rule ties two flags together"
     for first, second in pairs:
         values = [combo_values(*types[field], getattr(script.Args, field)) for field in (first, second)]
@@ -123,7 +130,7 @@ def test_fuzzed_flags_stop_with_one_line_or_start(tmp_path, monkeypatch, name):
             refused |= by_their_rules(script, [first, second], status, lines)
     # every rule refuses some value that parses and is finite, with its own message: a rule that allows everything is
     # no rule, though tyro's parse errors and the finite-number check still name its flag
-    ruled = {flag for flags in script.RULES for flag in flags}
+    ruled = {flag for flags in rules_of(script) for flag in flags}
     if importlib.util.find_spec("wandb"):  # --track's rule refuses only where wandb is missing
         ruled.discard("track")
     assert ruled <= refused, f"rules that refused nothing: {sorted(ruled - refused)}"
@@ -133,7 +140,7 @@ def test_fuzzed_flags_stop_with_one_line_or_start(tmp_path, monkeypatch, name):
 def by_their_rules(script, fields, status, lines):
     """The fields among `fields` that this outcome refused by their own rule: one line naming the flag and ending in
     that rule's message."""
-    rules = {flag: rule for flags, (rule, _) in script.RULES.items() for flag in flags}
+    rules = {flag: rule for flags, (rule, _) in rules_of(script).items() for flag in flags}
     line = lines[0] if status == 2 and len(lines) == 1 else ""
     head = f"{script.SCRIPT}.py: error: --"
     return {f for f in fields if f in rules and line.startswith(head + f.replace("_", "-")) and

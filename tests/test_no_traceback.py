@@ -49,14 +49,16 @@ def test_sizes_that_cannot_fit_are_one_line_naming_them(name):
 def test_sizes_near_the_free_memory_warn_and_start(name, monkeypatch):
     """With the host's free memory set around what the smoke run needs: refused below it, warned just above it."""
     script = load_script(name)
-    monkeypatch.setattr(script, "host_memory", lambda: 0.0)
+    monkeypatch.setattr(script.plumbing, "host_memory", lambda: 0.0)
     status, lines = check(script, [])
     need = float(re.search(r"need (\d+\.\d) GiB", lines[0])[1]) * 2**30
     assert status == 2 and len(lines) == 1
-    monkeypatch.setattr(script, "host_memory", lambda: 1.2 * need)  # over 75% taken: a warning, and the run starts
+    monkeypatch.setattr(
+        script.plumbing, "host_memory", lambda: 1.2 * need
+    )  # over 75% taken: a warning, and the run starts
     status, lines = check(script, [])
     assert status == 0 and len(lines) == 1 and lines[0].startswith(f"{name}.py: warning: --num-envs 4 x --num-steps")
-    monkeypatch.setattr(script, "host_memory", lambda: 2 * need)
+    monkeypatch.setattr(script.plumbing, "host_memory", lambda: 2 * need)
     assert check(script, []) == (0, [])
 
 
@@ -164,6 +166,7 @@ def test_a_python_without_a_procgen_package_is_one_line(name, tmp_path):
     The script is run as `python script.py --help` by a Python that says it is 3.14."""
     code = (
         f"import runpy, sys; sys.version_info = (3, 14, 0, 'final', 0); sys.version = '3.14.0'; "
+        f"sys.path.insert(0, {str(ROOT)!r}); "  # as `python SCRIPT` puts its directory first
         f"sys.argv = [{name!r}, '--help']; runpy.run_path({str(ROOT / f'{name}.py')!r}, run_name='__main__')"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
@@ -184,7 +187,7 @@ def test_an_iteration_is_on_disk_when_it_is_reported(name, tmp_path, monkeypatch
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
     on_disk = []  # at each iteration's console line: the iterations whose last tag is in the event file
-    monkeypatch.setattr(script, "console", lambda text: text.startswith("iter ") and on_disk.append(
+    monkeypatch.setattr(script.plumbing, "console", lambda text: text.startswith("iter ") and on_disk.append(
         len(read_scalars(only_run_dir(tmp_path)).get("charts/SPS", []))))  # fmt: skip
     script.train(parse(script, [*smoke_args(name), "--device", "cpu"]))
     assert on_disk == [1, 2]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from conftest import load_script
+from conftest import load_script, parse
 
 SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
@@ -46,7 +46,7 @@ def test_vtrace_by_hand_with_ratios_above_the_clip(script, rho_clip, expected):
 
 def test_minibatches_without_priorities_cover_each_sample_once_per_epoch(script):
     """`--prio-alpha 0`, the default: `minibatches` (what `train` calls) shuffles the whole batch, weight None."""
-    args = script.parse_args(["--num-envs", "4", "--num-steps", "8", "--num-minibatches", "4", "--device", "cpu"])
+    args = parse(script, ["--num-envs", "4", "--num-steps", "8", "--num-minibatches", "4", "--device", "cpu"])
     script.check_args(args)
     for _ in range(5):
         batches = script.minibatches(torch.randn(8, 4), args, beta=0.4)
