@@ -22,6 +22,7 @@ import tyro
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # where a full file, loaded or copied, finds plumbing.py (as `python SCRIPT` does)
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))  # the tests' helpers: scripted games, the fork server, ...
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: one core's worth of threads per worker, in it and its children
     torch.set_num_threads(1)  # two workers of two threads each on two cores spin-wait for each other (OpenMP)
@@ -131,19 +132,19 @@ def load_script(name):
 
 
 def fork_server(env=None):
-    """Start a fork server (tests/prefork.py) with `env` (this process's by default): the command of its client, which
-    runs a Python file as `python FILE ARGS` would; None where the server does not start. Stopped at exit."""
+    """Start a fork server (tests/helpers/prefork.py) with `env` (this process's by default): the command of its
+    client, which runs a Python file as `python FILE ARGS` would; None where the server does not start. Stopped at
+    exit."""
     where = Path(tempfile.mkdtemp(prefix="prefork"))
     socket_path = where / "socket"
-    serve = [sys.executable, str(ROOT / "tests" / "prefork.py"), "--serve", str(socket_path)]
+    serve = [sys.executable, str(ROOT / "tests" / "helpers" / "prefork.py"), "--serve", str(socket_path)]
     server = subprocess.Popen(serve, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
     atexit.register(lambda: server.kill() or server.wait() or shutil.rmtree(where, ignore_errors=True))
     deadline = time.time() + 120
     while not socket_path.exists() and server.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    return (
-        [sys.executable, "-S", str(ROOT / "tests" / "prefork.py"), str(socket_path)] if socket_path.exists() else None
-    )
+    client = [sys.executable, "-S", str(ROOT / "tests" / "helpers" / "prefork.py"), str(socket_path)]
+    return client if socket_path.exists() else None
 
 
 @functools.cache

@@ -5,6 +5,7 @@ the scripts or the tests:
 
     python tests/mutate.py              # every mistake against its tests
     python tests/mutate.py -k kl        # the mistakes whose description contains "kl" ("kl|lock": either)
+    python tests/mutate.py --file plumbing.py   # the mistakes in one file
     python tests/mutate.py --tests tests/test_math.py tests/test_ppg.py tests/test_env.py tests/test_smoke.py
                                         # against other tests: here, the suite as it was before test_loop.py
 
@@ -296,10 +297,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-k", default="", help="only the mistakes whose description contains this text (or one of "
                         "several, as in 'kl|rotation')")  # fmt: skip
+    parser.add_argument("--file", help="only the mistakes in this file (plumbing.py, ppo_procgen_full.py, ...)")
     parser.add_argument("--tests", nargs="+", help="the test files to run on each copy (default: each file's own)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="mistakes at a time (default: one per core)")
     opts = parser.parse_args()
     chosen = [m for m in MUTANTS if any(k.lower() in m[3].lower() for k in opts.k.split("|"))]
+    chosen = [m for m in chosen if opts.file in (None, m[0])]
     for file, old, _, what, *_ in chosen:
         if (ROOT / file).read_text().count(old) != 1:
             sys.exit(f"{what}: the line `{old.strip()}` is not in {file} exactly once; update the list")

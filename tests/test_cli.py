@@ -184,7 +184,7 @@ def test_two_runs_started_in_the_same_second_get_a_directory_each(tmp_path, name
     flags = [*smoke_args(name), "--device", "cpu", "--eval-interval", "0", "--total-timesteps", "128"]  # 1 iteration
     flags += ["--checkpoint-interval", "1"]
     flags += ["--n-iteration", "1"] if "ppg" in name else []  # a phase of that one iteration
-    cmd = [*python(), str(ROOT / "tests" / "fixed_clock.py"), name, *flags]
+    cmd = [*python(), str(ROOT / "tests" / "helpers" / "fixed_clock.py"), name, *flags]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]  # fmt: skip
     outs = [proc.communicate(timeout=300) for proc in procs]

@@ -37,9 +37,9 @@ def torchrun(args, cwd, timeout=300):
 
 
 def torchrun_check(check, name, tmp_path):
-    """Run a check of tests/ (ddp_*.py) on a script under torchrun; rank 0's JSON result."""
+    """Run a check of tests/helpers/ (ddp_*.py) on a script under torchrun; rank 0's JSON result."""
     out = tmp_path / "result.json"
-    proc = torchrun([str(ROOT / "tests" / check), name, str(out)], tmp_path)
+    proc = torchrun([str(ROOT / "tests" / "helpers" / check), name, str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -67,7 +67,7 @@ def test_two_processes_train_and_stay_in_sync(tmp_path, name, device):
 
 @pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
 def test_two_processes_compute_the_gradient_and_the_rnd_statistics_of_one(tmp_path, name):
-    """tests/ddp_checks.py: 2 processes of 2 envs each against 1 process of 4 envs."""
+    """tests/helpers/ddp_checks.py: 2 processes of 2 envs each against 1 process of 4 envs."""
     rel = torchrun_check("ddp_checks.py", name, tmp_path)
     assert rel["data_parallel"] < 1e-5, rel  # global normalisation and the all-reduce: the one process's gradient
     assert rel["local_norm"] > 1e-3 and rel["no_reduce"] > 1e-3, rel  # without either, it differs

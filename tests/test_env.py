@@ -122,7 +122,7 @@ def test_python_313_package_steps_like_this_pythons(request, tmp_path_factory):
         pip = [venv_python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run([*pip, "--no-deps", "procgen-gym==0.1.1"], check=True)
         subprocess.run([*pip, "numpy>=2", "gymnasium>=1.4", "filelock"], check=True)
-    stream = str(Path(__file__).parent / "env_stream.py")
+    stream = str(Path(__file__).parent / "helpers" / "env_stream.py")
     here, there = (subprocess.run([p, stream], capture_output=True, text=True) for p in (sys.executable, venv_python))
     assert here.returncode == 0 and there.returncode == 0, (here.stderr[-2000:], there.stderr[-2000:])
     (digest, states, episodes, *_), (digest313, states313, *versions) = here.stdout.split(), there.stdout.split()

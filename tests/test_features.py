@@ -312,7 +312,7 @@ def test_under_torchrun_each_process_plays_its_own_levels_and_every_episode_is_l
     reach rank 0's log; nothing of the process group is left when `train()` returns."""
     # 2 of the 4 envs and 1 test env a process
     flags = [*SMALL, *(PPG if is_ppg(name) else []), *NARROW, "--exp-name", "ddp"]
-    proc = torchrun([str(ROOT / "tests" / "ddp_train.py"), name, str(tmp_path / "out"), *flags], tmp_path)
+    proc = torchrun([str(ROOT / "tests" / "helpers" / "ddp_train.py"), name, str(tmp_path / "out"), *flags], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"out.rank{rank}.json").read_text()) for rank in (0, 1)]
     seeds = [seed for rank in ranks for seed in rank["seeds"]]  # training and test envs of rank 0, then of rank 1

@@ -1,5 +1,5 @@
-"""The tests' fork server (tests/prefork.py): a file run through it sees what `python FILE ARGS` would show it, and its
-process ends as that one would."""
+"""The tests' fork server (tests/helpers/prefork.py): a file run through it sees what `python FILE ARGS` would show
+it, and its process ends as that one would."""
 
 import json
 import os

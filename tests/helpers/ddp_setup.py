@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 def load():
     """(script module, output path) for `python FILE.py SCRIPT_NAME OUT_PATH ...`."""
-    name, out_path, root = sys.argv[1], sys.argv[2], Path(__file__).resolve().parent.parent
+    name, out_path, root = sys.argv[1], sys.argv[2], Path(__file__).resolve().parents[2]
     sys.path.insert(0, str(root))  # where a full file finds plumbing.py
     spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
     script = importlib.util.module_from_spec(spec)

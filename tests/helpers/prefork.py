@@ -3,8 +3,8 @@ trains: importing torch, gymnasium and tensorboard, the optimizer's first import
 game (its assets). The server pays that once per pytest worker and forks a process for each run that starts where a
 fresh `python SCRIPT ARGS` would be once its imports are done; the script then runs top to bottom as `__main__`.
 
-    python tests/prefork.py --serve SOCKET            # the server (conftest.py starts one per worker)
-    python -S tests/prefork.py SOCKET SCRIPT ARGS...  # what a test runs instead of `python SCRIPT ARGS`
+    python tests/helpers/prefork.py --serve SOCKET            # the server (conftest.py starts one per worker)
+    python -S tests/helpers/prefork.py SOCKET SCRIPT ARGS...  # what a test runs instead of `python SCRIPT ARGS`
 
 The second form is a small client that the test starts as its process (pipes, cwd, environment, a preexec_fn's file
 size limit, signals, timeouts all work as with `python SCRIPT ARGS`): it hands its standard streams, working directory,

@@ -1,14 +1,17 @@
 """Run a script's `train()` on a clock that reads 1,800,000,000 s when it starts and runs a thousand times slower, so
 that runs started together are named after the same second, as the runs of a sweep started in a loop often are:
 
-    python tests/fixed_clock.py SCRIPT_NAME FLAGS...
+    python tests/helpers/fixed_clock.py SCRIPT_NAME FLAGS...
 """
 
+import importlib
 import sys
 import time
 import types
+from pathlib import Path
 
-from conftest import load_script, parse
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for conftest
+load_script, parse = (getattr(importlib.import_module("conftest"), name) for name in ("load_script", "parse"))
 
 script = load_script(sys.argv[1])
 start = time.time()
