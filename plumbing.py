@@ -65,7 +65,7 @@ NETWORK_FLAGS = ("feature_dim", "hidden_dim", "cnn_channels")  # as Agent's argu
 ROLLOUT_FLAGS = ("env_id", "distribution_mode", "num_levels", "start_level", "num_envs", "num_steps", "num_eval_envs")
 
 
-# Rllte aliases: rllte's names for CleanRL's flags, `--lr 1e-3` for `--learning-rate 1e-3`
+# rllte's aliases: rllte's names for CleanRL's flags, `--lr 1e-3` for `--learning-rate 1e-3`
 RLLTE_ALIASES = {
     "exp_name": "--tag", "init_model": "--init-model-path", "learning_rate": "--lr", "adam_eps": "--eps",
     "gamma": "--discount", "minibatch_size": "--batch-size", "clip_coef": "--clip-range",
@@ -235,7 +235,7 @@ def progress(text, global_step, started, args):
         sys.stdout.show(f"{text}  step {global_step}/{total}  SPS {sps:.0f}  {minutes_left:.1f} min left")
 
 
-# Bf16 autocast [31]
+# bf16 autocast [31], and the agent's options
 def autocast_bf16(module):
     """Run `module` under bf16 autocast; its output goes back to fp32, so every loss and ratio stays in fp32."""
     forward = module.forward
@@ -267,7 +267,7 @@ def agent_options(agent, envs, test_envs, args):
         torch.manual_seed(args.seed + args.rank)
 
 
-# Torch.compile [36]: the loop's stages, compiled
+# torch.compile [36]: the loop's stages, compiled
 def compiled_stages(stages, optimizers, device, args):
     """The `stages` that `train` calls: as they are, or (`--compile`) each compiled whole but the
     advantages. Compiled, the learning rate is a device tensor changed in place (`set_lr`) and on a GPU Adam keeps its
@@ -356,7 +356,7 @@ class ToDevice:
         return self.pinned[key].copy_(host).to(self.device, non_blocking=True)
 
 
-# Torchrun [30]: data parallelism, one flattened all-reduce of the gradients per step, global statistics
+# torchrun [30]: data parallelism, one flattened all-reduce of the gradients per step, global statistics
 def init_process_group(backend):
     """Join the process group. Under torchrun the agent's store outlives a restart, keys and all: each round
     rendezvouses under its own prefix, so a restarted process never dials the address of a dead one."""
@@ -1145,8 +1145,8 @@ def keeps_process_settings(train):
     return wrapper
 
 
-# The full files' plumbing: the console line, a model write that fails in one line, every flag's rule and the
-# memory a run needs (checked before anything is built or written), the output directories
+# The console line, a model write that fails in one line, every flag's rule and the memory a run needs (checked before
+# anything is built or written), the output directories
 def report(iteration, global_step, sps, took, recent, args):
     """The iteration's console line: steps, speed, time left, the means of the last 100 training and test returns."""
     left = (args.num_iterations * args.batch_size - global_step) / sps / 60
