@@ -898,7 +898,7 @@ class Run:
         weights, the optimizers, the games with their wrappers' statistics, the random states, the console's
         averages): `state` (the step, the next observations and dones, the test envs' observations) as it has them,
         else as given. This process's part of it (PPG's phase so far) stays in `mine`. Then the stop signals'
-        handler, and the clock of the steps per second (on rank 0's terminal, the status line)."""
+        handler."""
         self.agent, self.optimizers, self.envs, self.test_envs = agent, optimizers, envs, test_envs
         self.recent, self.writer, (global_step, next_obs, next_done, test_obs) = recent, writer, state
         if self.ckpt:
@@ -909,10 +909,13 @@ class Run:
                 test_obs = mine["test_obs"].to(self.device)
             global_step = self.ckpt["global_step"]
         self.stop = GracefulStop()
+        return global_step, next_obs, next_done, test_obs
+
+    def start_clock(self, global_step):
+        """The steps per second count from here, on a resume too; on rank 0's terminal, the status line."""
         if sys.stdout.isatty() and self.args.rank == 0 and not isinstance(sys.stdout, StatusLine):
             sys.stdout = StatusLine(sys.stdout)  # drawn by `progress`
-        self.started = (time.time(), global_step)  # [25] the steps per second count from here, on a resume too
-        return global_step, next_obs, next_done, test_obs
+        self.started = (time.time(), global_step)
 
     def progress(self, iteration, text, global_step):
         progress(f"iter {iteration}/{self.args.num_iterations}  {text}", global_step, self.started, self.args)

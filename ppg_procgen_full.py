@@ -973,6 +973,7 @@ def train(args: Args):
     policy_step, compute_gae, update_minibatch, aux_minibatch = stages
     if args.compile != "off":  # the KL's dispatch table fills at its first lookup, and dynamo guards on it: filled now
         policy_kl(torch.zeros(1, 2), torch.zeros(1, 2))
+    run.start_clock(global_step)  # [25] the steps per second count from here, on a resume too
     phase = AuxiliaryPhase(run, (aux_obs, aux_returns), args)  # [22] with its checkpoints [25]
     phase.resume(global_step, (next_obs, next_done, test_obs), aux_minibatch)  # [25] a phase stopped inside, finished
 

@@ -759,6 +759,7 @@ def train(args: Args):
         next_obs, next_done = warm_up_rnd(agent.rnd, envs, next_obs, args)
     stages = [globals()[name] for name in ("policy_step", "compute_gae", "update_minibatch")]  # [36] compiled or not
     policy_step, compute_gae, update_minibatch = plumbing.compiled_stages(stages, [optimizer], device, args)
+    run.start_clock(global_step)  # [25] the steps per second count from here, on a resume too
 
     for iteration in range(run.start_iteration, args.num_iterations + 1):
         iteration_start, episodes, last_good = time.time(), [], run.last_good(iteration)  # [26] divergence guard
