@@ -33,8 +33,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 # ── the plumbing ──: imported first, so that an unsupported Python or a missing package stops in one line
-import plumbing
-
+try:
+    import plumbing
+except ModuleNotFoundError as exc:  # a full file copied without plumbing.py
+    if exc.name != "plumbing":
+        raise
+    sys.exit(f"{os.path.basename(__file__)}: error: plumbing.py is not beside it: copy the two together")
 plumbing.serve(__file__)  # its messages and checkpoints name this script
 # ── end the plumbing ──
 

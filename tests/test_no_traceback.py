@@ -1,6 +1,7 @@
 """No traceback, round two: sizes that cannot fit in memory, a console that goes away, Ctrl-C, and a full disk at the
 final model write. Each ends in one line (or quietly), and what was already written stays."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -158,6 +159,17 @@ def test_a_run_directory_removed_mid_run_stops_in_one_line(name, tmp_path):
         "it; stopped, nothing made again"
     ], err[-3000:]
     assert "iter 6/6" not in out and list((tmp_path / "runs").iterdir()) == []
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_full_file_copied_without_the_plumbing_is_one_line(name, tmp_path):
+    """A full file imports plumbing.py from its folder: copied alone, it says so in one line, exit status 1."""
+    shutil.copy(ROOT / f"{name}.py", tmp_path)
+    cmd, env = [sys.executable, f"{name}.py", "--help"], {**os.environ, "PYTHONPATH": ""}
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 1 and proc.stdout == "", (proc.stdout[-300:], proc.stderr[-300:])
+    said = f"{name}.py: error: plumbing.py is not beside it: copy the two together"
+    assert proc.stderr.strip().splitlines() == [said]
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
