@@ -177,9 +177,9 @@ def recipe_edits():
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_the_readme_s_recipe_for_a_new_loss_term_trains_and_logs_it(name, tmp_path, monkeypatch):
-    """The README's diff blocks, applied as they are to a copy of each file (each block's old text found exactly once):
-    the copy trains with the new flag and logs the new statistic every iteration, finite; a full file refuses a value
-    against the new rule in one line."""
+    """The README's diff blocks, applied as they are to a copy of each file (each block's old text found exactly once,
+    from the start of a line): the copy trains with the new flag and logs the new statistic every iteration, finite;
+    a full file refuses a value against the new rule in one line."""
     import importlib.util
     import math
 
@@ -191,8 +191,9 @@ def test_the_readme_s_recipe_for_a_new_loss_term_trains_and_logs_it(name, tmp_pa
     for old, new, full_only in edits:
         if full_only and not name.endswith("_full"):
             continue
-        assert text.count(old) == 1, f"{name}.py: the README's edit does not apply:\n{old}"
-        text = text.replace(old, new)
+        anchored = "\n" + text  # whole lines: `RULES = {` is not the end of `ALGORITHM_RULES = {`
+        assert anchored.count("\n" + old) == 1, f"{name}.py: the README's edit does not apply:\n{old}"
+        text = anchored.replace("\n" + old, "\n" + new)[1:]
     (tmp_path / f"{name}.py").write_text(text)
     spec = importlib.util.spec_from_file_location(f"recipe_{name}", tmp_path / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
