@@ -859,9 +859,8 @@ class Run:
         self.name = self.ckpt["run_name"] if self.ckpt else name
         self.dir, self.start_iteration = f"runs/{self.name}", self.ckpt["iteration"] + 1 if self.ckpt else 1
         hold_run(self.dir, args)  # released when `train` ends, or the process
-        self.complete = self.start_iteration > args.num_iterations and not self.ckpt.get(
-            "aux_epoch"
-        )  # PPG's: in a phase
+        inside_a_phase = bool(self.ckpt) and bool(self.ckpt.get("aux_epoch"))  # PPG's: its auxiliary phase unfinished
+        self.complete = self.start_iteration > args.num_iterations and not inside_a_phase
         if self.complete:  # nothing left to do: say so, and write nothing
             console(f"{self.dir} is complete: {self.ckpt['iteration']} of {args.num_iterations} iterations, "
                     f"{self.ckpt['global_step']} steps; to extend it: python {SCRIPT}.py --resume {self.dir} "

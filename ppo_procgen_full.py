@@ -605,11 +605,11 @@ def vtrace_part(vtrace, mb_inds, rho_clipped):
     return plumbing.take(rewards, mb_inds), plumbing.take(dones, mb_inds), *mb_next, b_values, mb_inds, rho_clipped
 
 
-def option_stats(rho_clipfrac, weight_means, intrinsic, args: Args):
+def option_stats(rho_clipped, minibatches, weight_means, intrinsic, args: Args):
     """The options' statistics, on the device: [28] the share of importance ratios above V-trace's clip, over the
-    minibatches; [29] the mean importance weight of the sampled segments; [33] the mean normalised intrinsic reward
+    `minibatches`; [29] the mean importance weight of the sampled segments; [33] the mean normalised intrinsic reward
     (the predictor's loss is `rnd_loss`)."""
-    stats = {"vtrace_rho_clipfrac": rho_clipfrac} if args.vtrace else {}
+    stats = {"vtrace_rho_clipfrac": rho_clipped / minibatches} if args.vtrace else {}
     if args.prio_alpha > 0:
         stats["prio_mean_weight"] = torch.stack(weight_means).mean()
     if args.intrinsic_coef > 0:
@@ -853,7 +853,7 @@ def train(args: Args):
 
         # TRY NOT TO MODIFY: record rewards for plotting purposes
         stats["clipfrac"] = torch.stack(clipfracs).mean()  # the rest: the last minibatch's
-        stats |= option_stats(rho_clipped / len(clipfracs), mb_weight_means, intrinsic, args)  # [28], [29], [33]
+        stats |= option_stats(rho_clipped, len(clipfracs), mb_weight_means, intrinsic, args)  # [28], [29], [33]
         read = torch.stack(list(stats.values())).tolist()  # one read from the device
         logged = {f"losses/{name}": value for name, value in zip(stats, read, strict=True)}
         logged["losses/explained_variance"] = explained_var

@@ -11,10 +11,10 @@ import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for conftest
-load_script, parse = (getattr(importlib.import_module("conftest"), name) for name in ("load_script", "parse"))
+conftest = importlib.import_module("conftest")  # imported after the path is set
 
-script = load_script(sys.argv[1])
+script = conftest.load_script(sys.argv[1])
 start = time.time()
 clock = types.SimpleNamespace(**{**vars(time), "time": lambda: 1.8e9 + (time.time() - start) / 1000})
 script.time = script.plumbing.time = clock  # the run's name is the plumbing's (torchrun's ranks agree on it)
-script.train(parse(script, sys.argv[2:]))
+script.train(conftest.parse(script, sys.argv[2:]))
