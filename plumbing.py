@@ -24,6 +24,7 @@ import threading
 import time
 import typing
 from collections import deque
+from pathlib import Path
 
 # The script's name in every message: the one run as `python SCRIPT` (`serve` sets it where a process imports another)
 SCRIPT = os.path.basename(getattr(sys.modules["__main__"], "__file__", None) or sys.argv[0])[: -len(".py")]
@@ -121,30 +122,25 @@ class AheadSteps:
 
 
 class RolloutPolicy:
-    """One rollout's policy step, the lean loop's `policy_step(agent, next_obs)` (`--rollout plain`), or with
-    the test envs folded in: after the training envs' forward pass, the test envs' own, whose actions start those envs'
-    step at once, beside the training envs' (`step_test_envs` waits for it). Pipelined, the first half of the training
-    envs starts its step while the second half's actions (and the test envs') are computed. Folded or pipelined, the
-    noise of the whole rollout is drawn ahead, the training envs' and then the test envs' (from the test loop's own
-    generator), in the order in which the plain rollout and the test envs' loop draw it: where the forward pass gives
-    an observation the same output in any batch (a CPU), the run logs what `--rollout plain` logs. The training envs'
-    forward pass never holds the test envs' observations: a GPU, which may round a batch of another size otherwise,
-    trains alike whatever `--eval-interval` and `--num-eval-envs` are."""
+    """One rollout's policy step: the lean loop's `policy_step(agent, next_obs)` (`--rollout plain`); folded, the test
+    envs' own forward pass follows the training envs' and starts their step at once (`step_test_envs` waits for it);
+    pipelined, the first half of the training envs steps while the second half's actions are computed. The noise of
+    the whole rollout is drawn ahead in the order the plain loops draw it (the test envs' from their own generator), so
+    a CPU run logs what `--rollout plain` logs; the training envs' batch never holds the test envs' observations, so a
+    GPU, which may round a batch of another size otherwise, trains alike whatever the evaluation flags are."""
 
     def __init__(self, agent, policy_step, envs, test_envs, test_obs, args, to_device, iteration, log_episodes):
         self.eval_now = args.eval_interval > 0 and iteration % args.eval_interval == 0  # the test envs step now
         self.folded = self.eval_now and args.rollout != "plain"  # and inside the rollout
-        test_envs, test_obs = (test_envs, test_obs) if self.folded else (None, None)
+        self.test_envs, self.test_obs = (test_envs, test_obs) if self.folded else (None, None)
         self.agent, self.policy_step, self.envs = agent, policy_step, envs  # [36] the stage, compiled or not
-        self.test_envs, self.test_obs = test_envs, test_obs
-        self.to_device, self.t, self.test_episodes, self.noise = to_device, 0, [], None
-        self.test_noise, self.log_episodes = None, log_episodes  # the script's
+        self.to_device, self.log_episodes, self.t, self.test_episodes, self.noise = to_device, log_episodes, 0, [], None
         self.size = envs.num_envs // (2 if args.rollout == "pipelined" else 1)
         actions, device = envs.single_action_space.n, next(agent.parameters()).device
         if args.rollout != "plain":
             self.noise = torch.empty((args.num_steps, envs.num_envs, actions), device=device).exponential_()
-        if test_envs is not None:  # the test envs' noise after the training envs', in each step's row, from the
-            with torch.random.fork_rng([device] if device.type == "cuda" else []):  # plain loop's own generator
+        if self.test_envs is not None:  # the test envs' noise, from the plain test loop's own generator
+            with torch.random.fork_rng([device] if device.type == "cuda" else []):
                 torch.manual_seed(args.seed + 7919 * args.rank + 1_000_003 + iteration)  # [30] each process's own
                 shape = (args.num_steps, test_envs.num_envs, actions)
                 self.test_noise = torch.empty(shape, device=device).exponential_()
@@ -224,15 +220,6 @@ class StatusLine:
 
     def __getattr__(self, name):  # flush, isatty, fileno, ...: the terminal's
         return getattr(self.stream, name)
-
-
-def progress(text, global_step, started, args):
-    """On a status line (rank 0's terminal, set up by `train`): `text`, the step, the steps per second since
-    `started` (a time and a step) and the time left."""
-    if isinstance(sys.stdout, StatusLine):
-        total, sps = args.num_iterations * args.batch_size, (global_step - started[1]) / (time.time() - started[0])
-        minutes_left = (total - global_step) / max(sps, 1e-6) / 60
-        sys.stdout.show(f"{text}  step {global_step}/{total}  SPS {sps:.0f}  {minutes_left:.1f} min left")
 
 
 # bf16 autocast [31], and the agent's options
@@ -451,7 +438,7 @@ def join_processes(args, device):
         found = ckpt.get("run_name", run_name) if isinstance(ckpt, dict) else run_name
     elif restarted and job != "none":  # the directory that this job's first attempt made, if it got that far
         dirs = sorted(glob.glob(f"runs/{glob.escape(run_name)}*"))
-        mine = [d for d in dirs if read_text(f"{d}/torchrun_job") == owner]
+        mine = [d for d in dirs if Path(d, "torchrun_job").is_file() and Path(d, "torchrun_job").read_text() == owner]
         found = gather_objects(os.path.basename(mine[0]) if mine and args.rank == 0 else None, args.world_size)[0]
     elif restarted:
         console("torchrun restarted the job, which has no name to find its run by (--rdzv-id or --standalone gives "
@@ -465,15 +452,6 @@ def join_processes(args, device):
                 f.write(owner)
         run_name = os.path.basename(gather_objects(made, args.world_size)[0])
     return found or run_name
-
-
-def read_text(path):
-    """A small file's text, or None where there is none."""
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return None
 
 
 # Checkpoints [25]: everything a run needs to continue exactly, procgen's games included, written atomically
@@ -570,16 +548,6 @@ def what_is_kept(run_dir):
     if not found:
         return "no checkpoint of this run exists yet"
     return f"the newest checkpoint kept is {found[-1]} (iteration {int(os.path.basename(found[-1])[5:13])})"
-
-
-def model_not_written(model_path, exc):
-    """`--save-model`'s write failed: one line, and the end of the run exits with status 4 (exit_unless_kept). A run
-    directory that is gone is not a full disk: the error goes on to keeps_process_settings."""
-    if removed_run_dir(exc):
-        raise exc
-    print(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept",
-          file=sys.stderr, flush=True)  # fmt: skip
-    NOT_WRITTEN.setdefault(os.path.dirname(model_path), {})["model"] = model_path
 
 
 def exit_unless_kept(run_dir):
@@ -886,11 +854,8 @@ class Run:
 
     def video_dir(self):
         """`--capture-video`'s directory, rank 0's (made now: one that cannot be written stops the run here)."""
-        return (
-            make_dir(f"videos/{self.name}", "capture-video")
-            if self.args.capture_video and self.args.rank == 0
-            else None
-        )
+        if self.args.capture_video and self.args.rank == 0:
+            return make_dir(f"videos/{self.name}", "capture-video")
 
     def resume(self, agent, optimizers, envs, test_envs, recent, writer, *state):
         """Keep what the checkpoints save and the log; with a checkpoint, continue exactly where it stopped (the
@@ -916,8 +881,19 @@ class Run:
             sys.stdout = StatusLine(sys.stdout)  # drawn by `progress`
         self.started = (time.time(), global_step)
 
+    def speed(self, global_step):
+        """The steps per second since the clock started, and the minutes left at that pace."""
+        sps = (global_step - self.started[1]) / (time.time() - self.started[0])
+        return sps, (self.args.num_iterations * self.args.batch_size - global_step) / max(sps, 1e-6) / 60
+
     def progress(self, iteration, text, global_step):
-        progress(f"iter {iteration}/{self.args.num_iterations}  {text}", global_step, self.started, self.args)
+        """On the status line (rank 0's terminal): the iteration, `text`, the step, the SPS and the time left."""
+        if isinstance(sys.stdout, StatusLine):
+            (sps, left), total = self.speed(global_step), self.args.num_iterations * self.args.batch_size
+            sys.stdout.show(
+                f"iter {iteration}/{self.args.num_iterations}  {text}  step {global_step}/{total}  SPS {sps:.0f}  "
+                f"{left:.1f} min left"
+            )
 
     def log(self, iteration, global_step, logged, episodes, began, seconds):
         """The iteration's scalars (their mean over the processes [30]), the `seconds` of its parts and since it
@@ -933,10 +909,12 @@ class Run:
         ]:
             write_episode(writer, tag, step, r, l)  # the two scalars, in one event
             self.recent[1 if tag else 0].append(r)
-        sps = (global_step - self.started[1]) / (time.time() - self.started[0])
+        sps, left = self.speed(global_step)
         writer.add_scalar("charts/SPS", int(sps), global_step)
-        writer.flush()  # on disk before the console line
-        report(iteration, global_step, sps, time.time() - began, self.recent, args)
+        writer.flush()  # on disk before the console line: the means of the last 100 training and test returns
+        means = [np.mean(returns or [np.nan]) for returns in self.recent]
+        console(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({time.time() - began:.1f}"
+                f"s/iter, {left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}")  # fmt: skip
 
     def last_good(self, iteration):
         """[26] What the divergence guard writes if this iteration goes bad: the weights and optimizer before it."""
@@ -1069,11 +1047,8 @@ def evaluate_saved(args, Agent, make_envs):
     agent = agent.to(device)
     torch.manual_seed(args.seed)  # one seed, one result
     levels = (args.num_levels, args.start_level) if args.eval_train_levels else (0, 0)
-    video_dir = None
-    if args.capture_video:
-        video_dir = make_dir(
-            f"videos/{args.env_id}__{args.exp_name}__eval__{args.seed}__{int(time.time())}", "capture-video"
-        )
+    name = f"{args.env_id}__{args.exp_name}__eval__{args.seed}__{int(time.time())}"
+    video_dir = make_dir(f"videos/{name}", "capture-video") if args.capture_video else None
     envs = make_envs(min(args.num_eval_envs, args.eval_episodes), args.seed + 2_000_003, *levels, args, video_dir)
     returns = evaluate(agent, envs, args.eval_episodes, device)
     envs.close()
@@ -1089,17 +1064,6 @@ def removed_run_dir(exc):
     parts = os.fsdecode(exc.filename or "").split(os.sep)
     gone = len(parts) > 1 and parts[0] == "runs" and not os.path.isdir(f"runs/{parts[1]}")
     return f"runs/{parts[1]}" if gone else None
-
-
-def quiet_event_writer(hook):
-    """A `threading.excepthook` silent on TensorBoard's writer thread's OSError (a removed run directory): the main
-    thread meets the same error at its next write, and says it in one line."""
-
-    def excepthook(failed):
-        if not (isinstance(failed.exc_value, OSError) and type(failed.thread).__name__ == "_AsyncWriterThread"):
-            hook(failed)
-
-    return excepthook
 
 
 def keeps_process_settings(train):
@@ -1119,7 +1083,13 @@ def keeps_process_settings(train):
                 os.close(null)
             sys.stdout = open(1, "w", closefd=False)  # closed as a silent rank's is, when `train` ends
         validate, thread_hook = torch.distributions.Distribution._validate_args, threading.excepthook
-        threading.excepthook = quiet_event_writer(thread_hook)
+
+        def quiet(failed):  # TensorBoard's writer thread's OSError (a removed run directory): the main thread meets
+            writer = type(failed.thread).__name__ == "_AsyncWriterThread"  # the same one next, and says it in a line
+            if not (isinstance(failed.exc_value, OSError) and writer):
+                thread_hook(failed)
+
+        threading.excepthook = quiet
         # [26] a non-finite network output must reach the divergence guard, not raise in torch.distributions
         torch.distributions.Distribution.set_default_validate_args(False)
         try:
@@ -1149,16 +1119,10 @@ def keeps_process_settings(train):
 
 # The console line, a model write that fails in one line, every flag's rule and the memory a run needs (checked before
 # anything is built or written), the output directories
-def report(iteration, global_step, sps, took, recent, args):
-    """The iteration's console line: steps, speed, time left, the means of the last 100 training and test returns."""
-    left = (args.num_iterations * args.batch_size - global_step) / sps / 60
-    means = [np.mean(returns or [np.nan]) for returns in recent]
-    console(f"iter {iteration}/{args.num_iterations}  step {global_step}  SPS {sps:.0f}  ({took:.1f}s/iter, "
-            f"{left:.1f} min left)  return {means[0]:.2f}  test {means[1]:.2f}")  # fmt: skip
-
-
 def save_model(agent, model_path):
-    """The weights, serialised first, so that a failed write (a full disk) is one line with the system's reason."""
+    """The weights, serialised first, so that a failed write (a full disk) is one line with the system's reason, and
+    [25] the end of the run exits with status 4 (exit_unless_kept). A run directory that is gone is not a full disk:
+    that error goes on to keeps_process_settings."""
     buffer = io.BytesIO()
     torch.save(agent.state_dict(), buffer)
     try:
@@ -1167,7 +1131,12 @@ def save_model(agent, model_path):
     except OSError as exc:
         with contextlib.suppress(FileNotFoundError):
             os.remove(model_path)  # no partial file
-        return model_not_written(model_path, exc)  # [25] the run goes on to its end, then exits with status 4
+        if removed_run_dir(exc):
+            raise
+        print(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept",
+              file=sys.stderr, flush=True)  # fmt: skip
+        NOT_WRITTEN.setdefault(os.path.dirname(model_path), {})["model"] = model_path
+        return
     console(f"model saved to {model_path}")
 
 
@@ -1269,11 +1238,8 @@ def check_every_flag(args, rules, warnings, check_algorithm, memory_needed) -> N
         arg_error("eval-only", "cannot be combined with --resume", args.eval_only)
     # torchrun [30]: every process owns num_envs / world_size envs and its share of each minibatch
     args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    for flag, value in (
-        ("num_envs", args.num_envs),
-        ("num_eval_envs", args.num_eval_envs),
-        ("minibatch_size", minibatch_size),
-    ):
+    shares = {"num_envs": args.num_envs, "num_eval_envs": args.num_eval_envs, "minibatch_size": minibatch_size}
+    for flag, value in shares.items():
         if value % args.world_size:
             arg_error(flag, f"must divide among the {args.world_size} processes of torchrun", value)
     args.local_num_envs = args.num_envs // args.world_size

@@ -853,7 +853,7 @@ class AuxiliaryPhase:
     def close(self, iteration, global_step, last, stage, resume=None):
         """The auxiliary phase (`resume`: the rest of one), its statistics and seconds logged at `global_step`."""
         aux_start, after, run = time.time(), functools.partial(self.inside, iteration, global_step, last), self.run
-        show = functools.partial(plumbing.progress, global_step=global_step, started=run.started, args=self.args)
+        show = functools.partial(run.progress, iteration, global_step=global_step)  # the status line
         aux = (self.aux_obs, self.aux_returns)
         aux_stats = auxiliary_phase(run.agent, run.optimizers[-1], *aux, self.args, show, after, resume, stage)
         run.writer.add_scalar("perf/aux_seconds", time.time() - aux_start, global_step)  # [32]

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import gym3.libenv
 import pytest
 import torch
 import tyro
@@ -27,6 +28,23 @@ sys.path.insert(0, str(ROOT / "tests" / "helpers"))  # the tests' helpers: scrip
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n: one core's worth of threads per worker, in it and its children
     torch.set_num_threads(1)  # two workers of two threads each on two cores spin-wait for each other (OpenMP)
     os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def _make_close_at_start(init):
+    """gym3 makes each env's C functions on their first use, under one cffi lock for them all. A test process makes
+    envs by the hundred, and a `train()` that raised leaves its envs in reference cycles: the garbage collector may
+    then close one (`__del__`: its first `libenv_close`) inside that lock while a new env takes it, and the worker
+    waits on itself forever (seen once, in a resume test). Each env's close function is made as the env is."""
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._c_lib.libenv_close  # noqa: B018 (made now, outside any other env's use of the lock)
+
+    return wrapper
+
+
+gym3.libenv.CEnv.__init__ = _make_close_at_start(gym3.libenv.CEnv.__init__)
 
 # Small enough for a few seconds on 2 CPU cores: 2 iterations of 4 envs x 32 steps, 2 minibatches.
 SMOKE_ARGS = ["--num-envs", "4", "--num-steps", "32", "--total-timesteps", "256", "--num-minibatches", "2",

@@ -304,7 +304,7 @@ def test_train_puts_back_the_process_settings(tmp_path, monkeypatch, name):
     assert settings() == before
     # the rollout, the update and PPG's auxiliary phase, each with the step it is at and the time left
     places = ["iter 1/2  rollout 1/32  step 4/256", "iter 2/2  update, epoch 1  step 256/256"]
-    places += ["auxiliary phase  epoch 1/1  minibatch 1/4  step 256/256"] if "ppg" in name else []
+    places += ["iter 2/2  auxiliary phase  epoch 1/1  minibatch 1/4  step 256/256"] if "ppg" in name else []
     assert all(any(text.startswith(place) and text.endswith("min left") for text in shown) for place in places), shown
     monkeypatch.setattr(script, "compute_gae", lambda *a, **k: 1 / 0)  # fails mid-run, with everything set
     with pytest.raises(ZeroDivisionError):
