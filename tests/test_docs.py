@@ -7,7 +7,7 @@ import shlex
 import sys
 
 import pytest
-from conftest import ROOT, load_script, outcome, parse, smoke_args
+from conftest import ROOT, load_script, narrow_lean, outcome, parse, smoke_args
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
@@ -199,6 +199,7 @@ def test_the_readme_s_recipe_for_a_new_loss_term_trains_and_logs_it(name, tmp_pa
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     monkeypatch.chdir(tmp_path)
+    narrow_lean(script, monkeypatch)  # the new term's shape and sign are what is checked
     run_name = script.train(parse(script, [*smoke_args(name), "--device", "cpu", "--value-l2-coef", "0.01"]))
     logged = read_scalars(tmp_path / "runs" / run_name)["losses/value_l2"]
     assert [step for step, _ in logged] == [128, 256] and all(math.isfinite(v) and v > 0 for _, v in logged), logged

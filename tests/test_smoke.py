@@ -10,6 +10,7 @@ from conftest import (
     NARROW,
     assert_trained,
     load_script,
+    narrow_lean,
     only_run_dir,
     parse,
     read_scalars,
@@ -75,10 +76,11 @@ CLEANRL_LINE = ["--num-envs", "1", "--num-steps", "64", "--total-timesteps", "25
 def test_cleanrl_s_own_test_command_lines_train(tmp_path, monkeypatch, name):
     """CleanRL's tests run its procgen scripts with CLEANRL_LINE, PPG with `--n-iteration 1` too: ours train on them.
     A PPG phase of one rollout has fewer than `--num-aux-rollouts` (4): its one auxiliary minibatch holds that rollout,
-    as CleanRL's does, and every phase ends in an auxiliary phase. (A full file's network narrowed, as in the other
-    loop tests: the lines' batch and phase shapes are what is checked; the lean files have the default network.)"""
+    as CleanRL's does, and every phase ends in an auxiliary phase. (The network narrowed, as in the other loop tests:
+    the lines' batch and phase shapes are what is checked.)"""
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
+    narrow_lean(script, monkeypatch)
     narrow = NARROW if name.endswith("_full") else []
     script.train(parse(script, [*CLEANRL_LINE, *narrow, *(["--n-iteration", "1"] if "ppg" in name else [])]))
     scalars = read_scalars(only_run_dir(tmp_path))
