@@ -1117,7 +1117,7 @@ def keeps_process_settings(train):
     return wrapper
 
 
-# The console line, a model write that fails in one line, every flag's rule and the memory a run needs (checked before
+# A model write that fails in one line, every flag's rule and the memory a run needs (checked before
 # anything is built or written), the output directories
 def save_model(agent, model_path):
     """The weights, serialised first, so that a failed write (a full disk) is one line with the system's reason, and
@@ -1136,8 +1136,8 @@ def save_model(agent, model_path):
         print(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept",
               file=sys.stderr, flush=True)  # fmt: skip
         NOT_WRITTEN.setdefault(os.path.dirname(model_path), {})["model"] = model_path
-        return
-    console(f"model saved to {model_path}")
+    else:
+        console(f"model saved to {model_path}")
 
 
 RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal: its type
