@@ -879,19 +879,19 @@ class Run:
         """The steps per second count from here, on a resume too; on rank 0's terminal, the status line."""
         if sys.stdout.isatty() and self.args.rank == 0 and not isinstance(sys.stdout, StatusLine):
             sys.stdout = StatusLine(sys.stdout)  # drawn by `progress`
-        self.started = (time.time(), global_step)
+        self.started, self.total = (time.time(), global_step), self.args.num_iterations * self.args.batch_size
 
     def speed(self, global_step):
         """The steps per second since the clock started, and the minutes left at that pace."""
         sps = (global_step - self.started[1]) / (time.time() - self.started[0])
-        return sps, (self.args.num_iterations * self.args.batch_size - global_step) / max(sps, 1e-6) / 60
+        return sps, (self.total - global_step) / max(sps, 1e-6) / 60
 
     def progress(self, iteration, text, global_step):
         """On the status line (rank 0's terminal): the iteration, `text`, the step, the SPS and the time left."""
         if isinstance(sys.stdout, StatusLine):
-            (sps, left), total = self.speed(global_step), self.args.num_iterations * self.args.batch_size
+            sps, left = self.speed(global_step)
             sys.stdout.show(
-                f"iter {iteration}/{self.args.num_iterations}  {text}  step {global_step}/{total}  SPS {sps:.0f}  "
+                f"iter {iteration}/{self.args.num_iterations}  {text}  step {global_step}/{self.total}  SPS {sps:.0f}  "
                 f"{left:.1f} min left"
             )
 
@@ -904,9 +904,7 @@ class Run:
             writer.add_scalar(tag, value, global_step)
         for part, took in {**seconds, "iteration": time.time() - began}.items():
             writer.add_scalar(f"perf/{part}_seconds", took, global_step)
-        for tag, step, r, l in [
-            e for rank_episodes in gather_objects(episodes, args.world_size) for e in rank_episodes
-        ]:
+        for tag, step, r, l in itertools.chain(*gather_objects(episodes, args.world_size)):
             write_episode(writer, tag, step, r, l)  # the two scalars, in one event
             self.recent[1 if tag else 0].append(r)
         sps, left = self.speed(global_step)
