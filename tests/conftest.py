@@ -173,6 +173,27 @@ def python():
     return (os.environ.get("TESTS_NO_PREFORK") != "1" and fork_server()) or [sys.executable]
 
 
+@functools.cache
+def routing():
+    """The environment of a routed run and the command that starts its first file (see `routed`): this worker's second
+    fork server, started with that environment (unbuffered, as the GPU kit runs its steps: a variable that Python
+    reads at its start must be the server's)."""
+    routed_path = [str(ROOT / "tests" / "helpers" / "routed"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(routed_path), "PYTHONUNBUFFERED": "1"}
+    client = os.environ.get("TESTS_NO_PREFORK") != "1" and fork_server(env)
+    return ({**env, "TESTS_FORK_SERVER": client[-1]}, client) if client else (env, [sys.executable])
+
+
+def routed(cmd, at_start=None):
+    """`cmd` (`python FILE ARGS`: a benchmark, whose processes start the scripts) and the environment to run it in, so
+    that it and every `python FILE ARGS` that its processes start run through a fork server: the imports and
+    procgen's start paid once a worker, not once a process (tests/helpers/routed). `at_start`: a file of code that
+    each of those processes runs first, as a fresh one would run a `sitecustomize` (a planted fault). A routed
+    process's resource usage, as its parent reads it, is its client's: the speed tables' peak memory is not checked."""
+    env, client = routing()
+    return [*client, *cmd[1:]], {**env, "TESTS_AT_START": str(at_start)} if at_start else env
+
+
 def run_script(script, args, cwd, timeout=300):
     return subprocess.run(
         [*python(), str(ROOT / script), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout

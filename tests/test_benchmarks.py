@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_script, outcome, read_scalars, smoke_args
+from conftest import ROOT, load_script, outcome, read_scalars, routed, smoke_args
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -37,7 +37,7 @@ def test_throughput_quick_writes_a_table_and_a_chart(tmp_path):
     only = ["PPO fp32 (default)", "PPG dual (default)"]
     cmd = [sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--quick", "--out", str(tmp_path), "--only",
            *only]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = run_routed(cmd, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = (tmp_path / "RESULTS.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| configuration")]
@@ -53,7 +53,7 @@ def test_throughput_quick_writes_a_table_and_a_chart(tmp_path):
     assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
-# Planted in the kit's quick run, through a `sitecustomize` that every Python process of the run imports: the speed
+# Planted in the kit's quick run, run first by every Python process of the run (`routed`'s at_start): the speed
 # table's default row fails at its start, its folded row too (with HANG set, it hangs), the host side's lean row
 # fails. Nothing in the kit or the benchmark knows of them.
 PLANTED = """
@@ -72,13 +72,15 @@ if argv[0].endswith("throughput.py") and argv[1:3] == ["--tiny-network", "ppo_pr
 
 
 def planted(tmp_path, code):
-    """The environment of a run whose every Python process first runs `code` (a `sitecustomize` on its path)."""
-    (tmp_path / "plant").mkdir()
-    (tmp_path / "plant" / "sitecustomize.py").write_text(code)
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "plant"), os.environ.get("PYTHONPATH")])),
-    }
+    """A file of `code`, for every Python process of a routed run to run first (`run_routed`'s at_start)."""
+    (tmp_path / "planted.py").write_text(code)
+    return tmp_path / "planted.py"
+
+
+def run_routed(cmd, timeout, at_start=None, **env):
+    """`cmd` (`python FILE ARGS`) run as conftest's `routed` runs it, with `env` added to its environment."""
+    cmd, base = routed(cmd, at_start)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**base, **env})
 
 
 def test_the_gpu_kit_runs_every_step_in_quick_mode_whatever_its_rows_do(tmp_path):
@@ -86,9 +88,8 @@ def test_the_gpu_kit_runs_every_step_in_quick_mode_whatever_its_rows_do(tmp_path
     are made to fail: the table is written with the third measured, and names the others with the exit status and
     last stderr line; the host side's table likewise, with its lean row made to fail and its full row's training
     steps/s, procgen alone's, their ratio and the parts. (A row past its time limit: the test below.)"""
-    env = planted(tmp_path, PLANTED)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path / "kit")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    proc = run_routed(cmd, timeout=900, at_start=planted(tmp_path, PLANTED))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # two steps are missing rows
     kit = (tmp_path / "kit" / "GPU.md").read_text()
     for title, verdict in (("CUDA tests", "ok"), ("Speed options", "FAILED (exit 1)"), ("Machine full", "ok"),
@@ -123,10 +124,9 @@ def test_the_gpu_kit_runs_every_step_in_quick_mode_whatever_its_rows_do(tmp_path
 def test_a_speed_row_past_its_time_limit_is_stopped_and_named(tmp_path):
     """A row that hangs (planted: the folded row) is killed at `--timeout` with the processes it started, and the table
     names it with the time limit; the run exits 1."""
-    env = {**planted(tmp_path, PLANTED), "HANG": "1"}
     cmd = [sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--suite", "gpu", "--quick", "--out",
            str(tmp_path / "out"), "--timeout", "3", "--only", "PPO eager, --rollout folded"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    proc = run_routed(cmd, timeout=120, at_start=planted(tmp_path, PLANTED), HANG="1")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [row for row in (tmp_path / "out" / "GPU_SPEED.md").read_text().splitlines() if row.startswith("| PPO")]
     assert len(rows) == 1 and "timed out after 3 s" in rows[0], rows
@@ -138,7 +138,7 @@ def test_the_gpu_kit_stops_a_step_past_its_time_limit_and_says_so(tmp_path):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path), "--timeout", "0.5",
            "--skip", "Speed options", "Host side"]  # fmt: skip
     (tmp_path / "GPU_SPEED.md").write_text("# an earlier run's\n\n| PPO stale row |\n")  # not this run's: cleared
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = run_routed(cmd, timeout=120)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     kit = (tmp_path / "GPU.md").read_text()
     assert "stale" not in kit and not (tmp_path / "GPU_SPEED.md").exists()
@@ -151,12 +151,9 @@ def test_the_gpu_kit_stops_a_step_past_its_time_limit_and_says_so(tmp_path):
 def test_the_gpu_kit_stops_at_once_where_procgen_does_not_load(tmp_path):
     """A machine whose procgen cannot load its library (one GPU machine lacked libGL.so.1) stops the kit before its
     first step, in one line that says why; GPU.md says it too."""
-    env = planted(
-        tmp_path,
-        "import sys\nif sys.argv[0] == '-c':\n    raise SystemExit(\"OSError: cannot load library 'libenv.so'\")\n",
-    )
+    cant_load = "import sys\nif sys.argv[0] == '-c':\n    sys.exit(\"OSError: cannot load library 'libenv.so'\")\n"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path / "kit")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    proc = run_routed(cmd, timeout=120, at_start=planted(tmp_path, cant_load))
     assert proc.returncode == 1 and "procgen does not load" in proc.stderr and "libenv.so" in proc.stderr, proc.stderr
     assert "CUDA tests" not in proc.stdout and "libenv.so" in (tmp_path / "kit" / "GPU.md").read_text()
 
@@ -189,7 +186,7 @@ def test_quick_mode_never_writes_over_the_committed_results():
 def compare_rows(run_a, run_b, out):
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "compare", str(run_a), str(run_b),
            "--labels", "a", "b", "--out", str(out)]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = run_routed(cmd, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [
         [c.strip() for c in line.split("|")[1:-1]] for line in out.read_text().splitlines() if line.startswith("| ")
@@ -254,7 +251,7 @@ def test_phases_sets_each_auxiliary_phase_between_the_iterations_around_it(tmp_p
     write_reference(tmp_path / "ref.csv.gz", {("starpilot", "train"): [flat(0.0), flat(2.0), flat(1.0)]})
     cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "phases", str(ppg), "--ppo", str(ppo), "--window",
            "2", "--reference", str(tmp_path / "ref.csv.gz"), "--out", str(tmp_path / "PHASES.md")]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = run_routed(cmd, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in (tmp_path / "PHASES.md").read_text().splitlines()]
     rows = [r for r in rows if r and r[0].isdigit()]
@@ -341,14 +338,14 @@ def test_learning_report_from_smoke_runs(tmp_path):
         flags[flags.index("--num-eval-envs") + 1] = "8"
         cmd = [sys.executable, str(learning), "run", "--scripts", name, "--env-ids", "starpilot", "--seeds", "1",
                "--total-timesteps", "256", "--random-episodes", "20", "--runs", str(runs), "--", *flags]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        proc = run_routed(cmd, timeout=600)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     # reference runs that bracket any return: every point of ours lies inside their range
     wide = [[(0, -1000.0), (512, -1000.0)], [(0, 1000.0), (512, 1000.0)], [(0, 0.0), (512, 0.0)]]
     write_reference(tmp_path / "ref.csv.gz", {("starpilot", split): wide for split in ("train", "test")})
     report = [sys.executable, str(learning), "report", "--runs", str(runs), "--out", str(tmp_path / "out"), "--title",
               "smoke", "--reference", str(tmp_path / "ref.csv.gz")]  # fmt: skip
-    proc = subprocess.run(report, capture_output=True, text=True, timeout=300)
+    proc = run_routed(report, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = (tmp_path / "out" / "LEARNING.md").read_text()
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| starpilot")]
@@ -525,7 +522,7 @@ def test_the_loop_cost_benchmark_writes_its_table(tmp_path):
     """`loop_cost.py --quick`: each row's microseconds per rollout step, from train() on games that answer at once."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "loop_cost.py"), "--quick", "--out", str(tmp_path), "--only",
            "PPO lean", "PPO full, --rollout plain"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = run_routed(cmd, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line.split("|")[1:-1] for line in (tmp_path / "LOOP.md").read_text().splitlines() if line.startswith("| ")]
     assert [row[0].strip() for row in rows[1:]] == ["PPO lean", "PPO full, --rollout plain"]
@@ -546,7 +543,7 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
         cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "campaign", "--budget", "600", "--plan",
                str(tmp_path / "plan.json"), "--state", str(tmp_path / state), "--work", str(tmp_path / f"{state}_work"),
                "--report", str(tmp_path / f"{state}_report"), "--part-mb", "1", *more]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        proc = run_routed(cmd, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 

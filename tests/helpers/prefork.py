@@ -193,6 +193,8 @@ def become(fds, request, set_by_imports):
     resource.setrlimit(resource.RLIMIT_FSIZE, tuple(request["fsize"]))  # Python ignores SIGXFSZ in both processes
     sys.argv = request["argv"]
     sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as `python SCRIPT` sets it
+    # what a `sitecustomize` does at each process's start, where it asks for it (tests/helpers/routed): again here
+    getattr(sys.modules.get("sitecustomize"), "at_start", lambda: None)()
     return sys.argv[0]
 
 

@@ -1,0 +1,31 @@
+"""Imported at the start of every Python process of a routed run (conftest.routed puts this folder on PYTHONPATH): the
+`python FILE.py ARGS` commands that the process starts go through the fork server whose socket TESTS_FORK_SERVER
+names, and the file that TESTS_AT_START names runs first (a fault that a test plants in a benchmark's processes). The
+fork server runs `at_start` again in each process it forks, once the process has its argv and environment."""
+
+import os
+import subprocess
+import sys
+
+PREFORK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "prefork.py")
+
+
+def at_start():
+    if os.environ.get("TESTS_AT_START"):
+        with open(os.environ["TESTS_AT_START"]) as f:
+            exec(compile(f.read(), os.environ["TESTS_AT_START"], "exec"), {"__name__": "at_start"})
+
+
+def through_the_fork_server(popen_init):
+    def init(self, args, *rest, **kwargs):
+        server = (kwargs.get("env") or os.environ).get("TESTS_FORK_SERVER")
+        python_file = isinstance(args, (list, tuple)) and len(args) > 1 and args[0] == sys.executable
+        if server and python_file and str(args[1]).endswith(".py"):
+            args = [sys.executable, "-S", PREFORK, server, *args[1:]]
+        popen_init(self, args, *rest, **kwargs)
+
+    return init
+
+
+subprocess.Popen.__init__ = through_the_fork_server(subprocess.Popen.__init__)
+at_start()
