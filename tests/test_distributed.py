@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import AUX_TAGS, ROOT, assert_trained, load_script, only_run_dir, parse, read_scalars, smoke_args
+from conftest import AUX_TAGS, ROOT, assert_trained, load_script, only_run_dir, parse, read_scalars, routing, smoke_args
 
 # On this machine gloo's connectFullMesh has, twice in about ten launches, been refused on 127.0.0.1 at process-group
 # init (cause not established); one restart of torchrun's own absorbs such a start, and every assertion below still
@@ -27,13 +27,18 @@ TORCHRUN = [
 ]
 
 
-ENV = {**os.environ, "GLOO_SOCKET_IFNAME": "lo"}  # the processes meet on the loopback interface
+def env():
+    """torchrun's environment: its workers run through a fork server (conftest's `routed`), and meet on the loopback
+    interface."""
+    return {**routing()[0], "GLOO_SOCKET_IFNAME": "lo"}
+
+
 # gloo on the CPU; NCCL where two GPUs are there for the two processes (one GPU each)
 TWO_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="< 2 GPUs"))]
 
 
 def torchrun(args, cwd, timeout=300):
-    return subprocess.run([*TORCHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return subprocess.run([*TORCHRUN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env())
 
 
 def torchrun_check(check, name, tmp_path):
@@ -104,7 +109,7 @@ def test_a_killed_process_restarts_the_job_from_its_checkpoint(tmp_path):
         str(ROOT / "ppo_procgen_full.py"),
         *flags,
     ]  # the kill costs one restart, a flake one more
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env())
     deadline = time.time() + 180
     while not list(tmp_path.glob("runs/*/checkpoints/iter_00000002.pt")) and time.time() < deadline:
         time.sleep(0.2)

@@ -24,6 +24,8 @@ import sys
 # read at import time by torch, OpenMP, glibc or Python: a run that sets one of these needs a process of its own
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "GOMP_", "PYTORCH", "TORCH", "CUDA", "NVIDIA", "LD_", "MALLOC_", "GLIBC_",
                    "PYTHON")  # fmt: skip
+# but these, which torchrun sets for its workers and torch.distributed reads when the process group is made
+RUN_TIME_ENV = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -168,7 +170,9 @@ def accept(listener, env_at_import, set_by_imports):
     # what each process's environment holds once its imports are done (the forked one's: become())
     server, fresh = {**env_at_import, **set_by_imports}, {**set_by_imports, **(env or {})}
     differs = env is None or any(
-        server.get(k) != fresh.get(k) for k in {*server, *fresh} if k.startswith(IMPORT_TIME_ENV)
+        server.get(k) != fresh.get(k)
+        for k in {*server, *fresh}
+        if k.startswith(IMPORT_TIME_ENV) and not k.startswith(RUN_TIME_ENV)
     )
     if differs or len(fds) != 3:
         for fd in fds:

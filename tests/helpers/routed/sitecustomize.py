@@ -18,10 +18,12 @@ def at_start():
 
 def through_the_fork_server(popen_init):
     def init(self, args, *rest, **kwargs):
-        server = (kwargs.get("env") or os.environ).get("TESTS_FORK_SERVER")
-        python_file = isinstance(args, (list, tuple)) and len(args) > 1 and args[0] == sys.executable
-        if server and python_file and str(args[1]).endswith(".py"):
-            args = [sys.executable, "-S", PREFORK, server, *args[1:]]
+        env, command = kwargs.get("env") or os.environ, list(args) if isinstance(args, (list, tuple)) else []
+        if command[:2] == [sys.executable, "-u"] and env.get("PYTHONUNBUFFERED"):  # torchrun's workers, unbuffered
+            del command[1]  # as the server is
+        python_file = len(command) > 1 and command[0] == sys.executable and str(command[1]).endswith(".py")
+        if env.get("TESTS_FORK_SERVER") and python_file:
+            args = [sys.executable, "-S", PREFORK, env["TESTS_FORK_SERVER"], *command[1:]]
         popen_init(self, args, *rest, **kwargs)
 
     return init
