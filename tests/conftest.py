@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import gym3.libenv
@@ -22,6 +23,8 @@ import torch
 import tyro
 
 ROOT = Path(__file__).resolve().parent.parent
+# uv, on the PATH or beside this Python (a virtual environment not activated): requirements-dev.txt installs it
+UV = shutil.which("uv") or shutil.which("uv", path=os.path.dirname(sys.executable))
 sys.path.insert(0, str(ROOT))  # where a full file, loaded or copied, finds plumbing.py (as `python SCRIPT` does)
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))  # the tests' helpers: scripted games, the fork server, ...
 
@@ -45,6 +48,35 @@ def _make_close_at_start(init):
 
 
 gym3.libenv.CEnv.__init__ = _make_close_at_start(gym3.libenv.CEnv.__init__)
+
+
+# Work that a selected test waits on the network for starts in the background as the session starts, not when the
+# test's turn comes: a worker waiting on the network holds one of the 2 cores' workers idle. A test module with such
+# work defines `start_early(folder)`; the first process of the run to claim the module's folder starts it there, and
+# the test, in whichever worker runs it, reads what it left (`early_folder`).
+RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex  # this run's name, the same in all its workers
+
+
+def early_folder(module):
+    """The folder of `module`'s early work in this run, shared by its xdist workers."""
+    return Path(tempfile.gettempdir(), f"tests-early-{RUN}-{module.__name__}")
+
+
+def start_early(module):
+    """Claim `module`'s folder and start its early work there, unless another process of the run did; the folder."""
+    folder = early_folder(module)
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir()
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the run is over when its starter exits
+        module.start_early(folder)
+    return folder
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected what does not run
+def pytest_collection_modifyitems(items):
+    for module in {item.module for item in items if hasattr(getattr(item, "module", None), "start_early")}:
+        start_early(module)
+
 
 # Small enough for a few seconds on 2 CPU cores: 2 iterations of 4 envs x 32 steps, 2 minibatches.
 SMOKE_ARGS = ["--num-envs", "4", "--num-steps", "32", "--total-timesteps", "256", "--num-minibatches", "2",

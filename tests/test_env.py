@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_script
+from conftest import UV, load_script
 
 SCRIPTS = ["ppo_procgen", "ppg_procgen"]
 NUM_ENVS, NUM_STEPS, GAMMA = 6, 400, 0.9
@@ -117,9 +117,12 @@ def test_python_313_package_steps_like_this_pythons(request, tmp_path_factory):
     venv = Path(cache.mkdir("py313-procgen-gym") if cache else tmp_path_factory.mktemp("py313-procgen-gym"))
     venv_python = venv / "bin" / "python"
     if not venv_python.exists() or subprocess.run([venv_python, "-c", "import procgen_gym"]).returncode != 0:
-        subprocess.run([python, "-m", "venv", "--clear", str(venv)], check=True)
+        # uv installs where it is there (a tenth of pip's time, mostly the venv's own pip that it skips), else pip
+        subprocess.run([python, "-m", "venv", "--clear", *["--without-pip"] * bool(UV), str(venv)], check=True)
         # the env package and what it imports, without the plotting and video extras its metadata asks for
         pip = [venv_python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        if UV:
+            pip = [UV, "pip", "install", "-q", "--python", venv_python]
         subprocess.run([*pip, "--no-deps", "procgen-gym==0.1.1"], check=True)
         subprocess.run([*pip, "numpy>=2", "gymnasium>=1.4", "filelock"], check=True)
     stream = str(Path(__file__).parent / "helpers" / "env_stream.py")

@@ -1,15 +1,17 @@
 """Each script carries its own requirements (PEP 723 inline metadata), so that a copy runs with `uv run SCRIPT.py`:
 the block says what requirements.txt says, line for line, and it resolves on every Python the scripts accept."""
 
-import concurrent.futures
+import atexit
 import os
 import re
-import shutil
 import subprocess
 import sys
+import threading
+import time
 
+import conftest
 import pytest
-from conftest import ROOT
+from conftest import ROOT, UV
 
 try:
     import tomllib
@@ -59,30 +61,47 @@ def test_a_changed_requirement_or_marker_is_found():
     assert requirements() != metadata("ppo_procgen", script.replace('< "3.13"', '< "3.14"', 1))["dependencies"]
 
 
-# uv, on the PATH or beside this Python (a virtual environment not activated)
-UV = shutil.which("uv") or shutil.which("uv", path=os.path.dirname(sys.executable))
+def supported_minors():
+    """The minor versions of the Pythons that the block's requires-python accepts."""
+    low, high = (
+        int(v) for v in re.fullmatch(r">=3\.(\d+),<3\.(\d+)", metadata("ppo_procgen")["requires-python"]).groups()
+    )
+    return range(low, high)
+
+
+def start_early(folder):
+    """uv's resolutions, one for each supported Python, started as the session starts (conftest: they wait on the
+    package index, not on the CPU): each writes its packages to `3.N.txt` in `folder`, its errors to `3.N.err` and,
+    when it ends, its exit status to `3.N.status`."""
+    if UV is None:
+        return
+    (folder / "requirements.in").write_text("\n".join(metadata("ppo_procgen")["dependencies"]) + "\n")
+    for minor in supported_minors():
+        platform = ["--python-version", f"3.{minor}", "--python-platform", "x86_64-manylinux_2_28"]
+        cmd = [UV, "pip", "compile", "--no-config", "--quiet", *platform, str(folder / "requirements.in")]
+        with open(folder / f"3.{minor}.err", "w") as err:
+            proc = subprocess.Popen([*cmd, "-o", str(folder / f"3.{minor}.txt")], stdout=err, stderr=err)
+        atexit.register(proc.kill)  # one still going when the run ends goes with it
+
+        def done(proc=proc, minor=minor):  # the status last, and whole: a reader sees it only when all is written
+            (folder / f"3.{minor}.tmp").write_text(str(proc.wait()))
+            os.replace(folder / f"3.{minor}.tmp", folder / f"3.{minor}.status")
+
+        threading.Thread(target=done, daemon=True).start()
 
 
 @pytest.mark.skipif(UV is None, reason="uv is not installed")
-def test_the_block_resolves_on_every_supported_python(tmp_path):
+def test_the_block_resolves_on_every_supported_python():
     """uv resolves the block's dependencies against the package index for each Python the gate accepts, on Linux
     x86-64, installing nothing: a marker that picks no procgen package, or two, or an unsatisfiable pin fails here."""
-    meta = metadata("ppo_procgen")
-    low, high = (int(v) for v in re.fullmatch(r">=3\.(\d+),<3\.(\d+)", meta["requires-python"]).groups())
-    (tmp_path / "requirements.in").write_text("\n".join(meta["dependencies"]) + "\n")
-
-    def resolve(minor):
-        out = tmp_path / f"3.{minor}.txt"
-        platform = ["--python-version", f"3.{minor}", "--python-platform", "x86_64-manylinux_2_28"]
-        cmd = [UV, "pip", "compile", "--no-config", "--quiet", *platform, str(tmp_path / "requirements.in")]
-        cmd += ["-o", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, f"Python 3.{minor}: {proc.stderr[-2000:]}"
-        return minor, {line.split("==")[0] for line in out.read_text().splitlines() if "==" in line}
-
-    with concurrent.futures.ThreadPoolExecutor(high - low) as pool:
-        resolved = dict(pool.map(resolve, range(low, high)))
-    for minor, names in resolved.items():
+    folder, deadline = conftest.start_early(sys.modules[__name__]), time.time() + 240
+    for minor in supported_minors():
+        status = folder / f"3.{minor}.status"
+        while not status.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert status.exists(), f"Python 3.{minor}: uv still resolving after 240 s"
+        assert status.read_text() == "0", f"Python 3.{minor}: {(folder / f'3.{minor}.err').read_text()[-2000:]}"
+        names = {line.split("==")[0] for line in (folder / f"3.{minor}.txt").read_text().splitlines() if "==" in line}
         procgens = names & {"procgen", "procgen-mirror", "procgen-gym"}
         assert len(procgens) == 1, f"Python 3.{minor} resolves {sorted(procgens)}"
         assert {"torch", "gymnasium", "tyro", "tensorboard", "numpy"} <= names, f"Python 3.{minor}: {sorted(names)}"

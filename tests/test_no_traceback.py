@@ -211,7 +211,7 @@ def test_a_run_started_with_its_standard_output_closed_trains_silently(name, tmp
     standard error, its losses logged."""
     import os
 
-    cmd = [sys.executable, str(ROOT / f"{name}.py"), *smoke_args(name), "--device", "cpu"]  # a process of its own
+    cmd = [*python(), str(ROOT / f"{name}.py"), *smoke_args(name), "--device", "cpu"]
     proc = subprocess.run(
         cmd, cwd=tmp_path, stderr=subprocess.PIPE, text=True, timeout=300, preexec_fn=lambda: os.close(1)
     )

@@ -39,3 +39,11 @@ def test_a_file_run_through_the_fork_server_sees_what_python_would_show_it(tmp_p
         seen = json.loads(proc.stdout)
         assert seen == {"argv": ["probe.py", str(code)], "cwd": str(tmp_path), "env": "x",
                         "path0": str(tmp_path), "name": "__main__", "torch": preloaded}, (env, seen)  # fmt: skip
+    # a stream closed at the start (`>&-`, as some schedulers start jobs) is closed in the run too, as Python starts
+    # then: the stream None, its descriptor the next one a file opens
+    (tmp_path / "closed.py").write_text(
+        "import os, sys\nsys.stderr.write(f'{sys.stdout} {os.open(os.devnull, 0)} {\"torch\" in sys.modules}')"
+    )
+    proc = subprocess.run([*command, "closed.py"], cwd=tmp_path, env=base, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: os.close(1))  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == "None 1 True", proc.stderr  # run by the server

@@ -6,13 +6,13 @@ fresh `python SCRIPT ARGS` would be once its imports are done; the script then r
     python tests/helpers/prefork.py --serve SOCKET            # the server (conftest.py starts one per worker)
     python -S tests/helpers/prefork.py SOCKET SCRIPT ARGS...  # what a test runs instead of `python SCRIPT ARGS`
 
-The second form is a small client that the test starts as its process (pipes, cwd, environment, a preexec_fn's file
-size limit, signals, timeouts all work as with `python SCRIPT ARGS`): it hands its standard streams, working directory,
-environment and file-size limit to the server, forwards the signals it receives to the forked process, and exits as
-that process exited (with its status, or by its signal). The forked process is a real interpreter: it ends as Python
-ends (flushing its streams, atexit, the exit status of an uncaught exception or of Ctrl-C). Where the environment
-differs from the server's in a variable read when the packages are imported (threads, allocators, CUDA, Python's
-own), or no server answers, the client runs `python SCRIPT ARGS` itself."""
+The second form is a small client that the test starts as its process (pipes, a closed stream, cwd, environment, a
+preexec_fn's file size limit, signals, timeouts all work as with `python SCRIPT ARGS`): it hands its standard streams,
+working directory, environment and file-size limit to the server, forwards the signals it receives to the forked
+process, and exits as that process exited (with its status, or by its signal). The forked process is a real interpreter:
+it ends as Python ends (flushing its streams, atexit, the exit status of an uncaught exception or of Ctrl-C). Where the
+environment differs from the server's in a variable read when the packages are imported (threads, allocators, CUDA,
+Python's own), or no server answers, the client runs `python SCRIPT ARGS` itself."""
 
 import json
 import os
@@ -36,6 +36,9 @@ def run_here(argv):
 def client(path, argv):
     import resource
 
+    closed = [fd for fd in (0, 1, 2) if not is_open(fd)]  # a stream the test closed (`>&-`): closed in the run too
+    for fd in closed:  # held by /dev/null meanwhile, so that the socket below does not take its number
+        os.dup2(os.open(os.devnull, os.O_RDWR), fd)
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(path)
@@ -44,6 +47,7 @@ def client(path, argv):
             "cwd": os.getcwd(),
             "env": dict(os.environ),
             "fsize": resource.getrlimit(resource.RLIMIT_FSIZE),
+            "closed": closed,
         }).encode()  # fmt: skip
         socket.send_fds(conn, [struct.pack("!I", len(request)) + request], [0, 1, 2])
         reply = conn.makefile("r")
@@ -51,6 +55,8 @@ def client(path, argv):
     except OSError:
         pid = ""
     if not pid.isdigit():  # no server, or this run needs a process of its own
+        for fd in closed:
+            os.close(fd)
         run_here(argv)
     pid = int(pid)
     for signum in FORWARDED:
@@ -64,6 +70,14 @@ def client(path, argv):
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
     os._exit(os.waitstatus_to_exitcode(status))
+
+
+def is_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
 
 
 def preload():
@@ -191,6 +205,10 @@ def become(fds, request, set_by_imports):
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
+    for fd in request["closed"]:  # as Python starts with a stream closed: the descriptor free, the stream None
+        os.close(fd)
+        setattr(sys, ("stdin", "stdout", "stderr")[fd], None)
+        setattr(sys, ("__stdin__", "__stdout__", "__stderr__")[fd], None)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update({**set_by_imports, **request["env"]})
