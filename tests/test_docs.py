@@ -197,6 +197,9 @@ def test_the_readme_s_recipe_for_a_new_loss_term_trains_and_logs_it(name, tmp_pa
     (tmp_path / f"{name}.py").write_text(text)
     spec = importlib.util.spec_from_file_location(f"recipe_{name}", tmp_path / f"{name}.py")
     script = importlib.util.module_from_spec(spec)
+    # a plumbing module of its own, as load_script gives each full file: PPG's adds `arch` to the one it imports and
+    # names itself in it, which would otherwise be the copy that the last loaded full file is using
+    monkeypatch.delitem(sys.modules, "plumbing", raising=False)
     spec.loader.exec_module(script)
     monkeypatch.chdir(tmp_path)
     narrow_lean(script, monkeypatch)  # the new term's shape and sign are what is checked
