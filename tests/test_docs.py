@@ -48,6 +48,8 @@ def check(tokens):
         learning = __import__("learning")
         opts, extra = learning.parse(argv)
         if opts.command == "run":
+            for script in opts.scripts:  # loaded as the tests load them (a plumbing module each), where it imports them
+                load_script(script)
             learning.check_script_flags(opts.scripts, extra)
     elif name == "throughput":
         __import__("throughput").parse(argv)
