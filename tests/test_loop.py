@@ -400,12 +400,13 @@ def test_the_cloning_weight_acts(name, monkeypatch):
     assert weighted.w.abs().sum() > 0.1 and stats["kl_loss"] > 0  # the KL pulls the policy back toward the old one
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_the_evaluation_flags_change_no_training_number(name, tmp_path, monkeypatch):
+def test_the_evaluation_flags_change_no_training_number(default_run, tmp_path, monkeypatch):
     """The test envs draw their actions from a generator of their own, seeded anew at each evaluation: a run that
-    evaluates every iteration, one that never does and one that evaluates more envs less often log the same losses."""
-    logged = []
-    for k, flags in enumerate(([], ["--eval-interval", "0"], ["--eval-interval", "2", "--num-eval-envs", "3"])):
-        _, scalars = train(name, monkeypatch, tmp_path / str(k), flags)
-        logged.append({tag: values for tag, values in scalars.items() if tag.startswith("losses/")})
+    evaluates every iteration (the default run), one that never does and one that evaluates more envs less often log
+    the same losses."""
+    name, _, scalars = default_run
+    logged = [scalars]
+    for k, flags in enumerate((["--eval-interval", "0"], ["--eval-interval", "2", "--num-eval-envs", "3"])):
+        logged.append(train(name, monkeypatch, tmp_path / str(k), flags)[1])
+    logged = [{tag: values for tag, values in scalars.items() if tag.startswith("losses/")} for scalars in logged]
     assert logged[0] and logged[0] == logged[1] == logged[2]
