@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 from conftest import fork_server
 
@@ -47,3 +48,10 @@ def test_a_file_run_through_the_fork_server_sees_what_python_would_show_it(tmp_p
     proc = subprocess.run([*command, "closed.py"], cwd=tmp_path, env=base, stderr=subprocess.PIPE, text=True,
                           preexec_fn=lambda: os.close(1))  # fmt: skip
     assert proc.returncode == 0 and proc.stderr == "None 1 True", proc.stderr  # run by the server
+    # `python -m MODULE` and `python -c CODE` (the GPU kit starts its pytest and its check of procgen so): what a
+    # fresh Python shows them, the preloaded modules aside
+    for how in (["-m", "probe"], ["-c", PROBE]):
+        procs = [subprocess.run([*python, *how, "3"], cwd=tmp_path, env={**base, "PROBE": "x"}, capture_output=True,
+                                text=True) for python in (command, [sys.executable])]  # fmt: skip
+        assert [p.returncode for p in procs] == [3, 3] and procs[0].stderr == procs[1].stderr, procs
+        assert json.loads(procs[0].stdout) == {**json.loads(procs[1].stdout), "torch": True}, procs

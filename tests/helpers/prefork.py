@@ -5,6 +5,7 @@ fresh `python SCRIPT ARGS` would be once its imports are done; the script then r
 
     python tests/helpers/prefork.py --serve SOCKET            # the server (conftest.py starts one per worker)
     python -S tests/helpers/prefork.py SOCKET SCRIPT ARGS...  # what a test runs instead of `python SCRIPT ARGS`
+    python -S tests/helpers/prefork.py SOCKET -m MODULE ARGS  # or -c CODE ARGS: as `python -m` and `python -c`
 
 The second form is a small client that the test starts as its process (pipes, a closed stream, cwd, environment, a
 preexec_fn's file size limit, signals, timeouts all work as with `python SCRIPT ARGS`): it hands its standard streams,
@@ -213,18 +214,34 @@ def become(fds, request, set_by_imports):
     os.environ.clear()
     os.environ.update({**set_by_imports, **request["env"]})
     resource.setrlimit(resource.RLIMIT_FSIZE, tuple(request["fsize"]))  # Python ignores SIGXFSZ in both processes
+    # argv as Python sets it at the start (`-m MODULE ARGS`, `-c CODE ARGS`: "-m" or "-c", then ARGS), and sys.path[0]
+    # (the script's directory; for `-m` the working directory, for `-c` "")
     sys.argv = request["argv"]
-    sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as `python SCRIPT` sets it
+    what = (sys.argv[0], sys.argv.pop(1) if sys.argv[0] in ("-m", "-c") else sys.argv[0])
+    paths = {"-m": os.getcwd(), "-c": ""}
+    sys.path[0] = paths[what[0]] if what[0] in paths else os.path.dirname(os.path.abspath(sys.argv[0]))
     # what a `sitecustomize` does at each process's start, where it asks for it (tests/helpers/routed): again here
     getattr(sys.modules.get("sitecustomize"), "at_start", lambda: None)()
-    return sys.argv[0]
+    return what
+
+
+def run(kind, target):
+    """In the forked process: the script, the module (`-m`) or the code (`-c`), whose uncaught exceptions end it as
+    they would end `python ...`."""
+    import runpy
+    import types
+
+    if kind == "-m":  # its path becomes argv[0], as Python does
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    elif kind == "-c":
+        sys.modules["__main__"] = types.ModuleType("__main__")  # a namespace of its own
+        exec(compile(target, "<string>", "exec"), vars(sys.modules["__main__"]))
+    else:
+        runpy.run_path(target, run_name="__main__")
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "--serve":
-        import runpy
-
-        # in a forked process: the script, whose uncaught exceptions end it as they would `python SCRIPT`
-        runpy.run_path(serve(sys.argv[2]), run_name="__main__")
+        run(*serve(sys.argv[2]))
     else:
         client(sys.argv[1], sys.argv[2:])
