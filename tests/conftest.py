@@ -53,18 +53,14 @@ gym3.libenv.CEnv.__init__ = _make_close_at_start(gym3.libenv.CEnv.__init__)
 # Work that a selected test waits on the network for starts in the background as the session starts, not when the
 # test's turn comes: a worker waiting on the network holds one of the 2 cores' workers idle. A test module with such
 # work defines `start_early(folder)`; the first process of the run to claim the module's folder starts it there, and
-# the test, in whichever worker runs it, reads what it left (`early_folder`).
+# the test, in whichever worker runs it, reads what it left (`early_work`).
 RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex  # this run's name, the same in all its workers
 
 
-def early_folder(module):
-    """The folder of `module`'s early work in this run, shared by its xdist workers."""
-    return Path(tempfile.gettempdir(), f"tests-early-{RUN}-{module.__name__}")
-
-
-def start_early(module):
-    """Claim `module`'s folder and start its early work there, unless another process of the run did; the folder."""
-    folder = early_folder(module)
+def early_work(module):
+    """The folder of `module`'s early work in this run, shared by its xdist workers: claimed and the work started there
+    now, unless another process of the run did that."""
+    folder = Path(tempfile.gettempdir(), f"tests-early-{RUN}-{module.__name__}")
     with contextlib.suppress(FileExistsError):
         folder.mkdir()
         atexit.register(shutil.rmtree, folder, ignore_errors=True)  # the run is over when its starter exits
@@ -75,7 +71,7 @@ def start_early(module):
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected what does not run
 def pytest_collection_modifyitems(items):
     for module in {item.module for item in items if hasattr(getattr(item, "module", None), "start_early")}:
-        start_early(module)
+        early_work(module)
 
 
 # Small enough for a few seconds on 2 CPU cores: 2 iterations of 4 envs x 32 steps, 2 minibatches.
@@ -170,15 +166,20 @@ def parse(script, argv, **tyro_kwargs):
     return tyro.cli(script.Args, args=argv, **tyro_kwargs)
 
 
+def import_file(name, path):
+    """Import the file at `path` as the module `name`, without running its `__main__` block. A full file imports a
+    plumbing module of its own (its name in messages, PPG's `arch` among the network flags, the tests' patches), not
+    the copy that another loaded full file uses."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    sys.modules.pop("plumbing", None)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_script(name):
-    """Import `ppo_procgen.py` (or a sibling) as a module, without running its `__main__` block."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        sys.modules.pop("plumbing", None)  # each full file its own copy: its name in messages, its patches
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """Import `ppo_procgen.py` (or a sibling) as a module, once."""
+    return sys.modules[name] if name in sys.modules else import_file(name, ROOT / f"{name}.py")
 
 
 def fork_server(env=None):

@@ -7,7 +7,7 @@ import shlex
 import sys
 
 import pytest
-from conftest import ROOT, load_script, narrow_lean, outcome, parse, smoke_args
+from conftest import ROOT, import_file, load_script, narrow_lean, outcome, parse, smoke_args
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 SCRIPTS = ["ppo_procgen", "ppg_procgen", "ppo_procgen_full", "ppg_procgen_full"]
@@ -182,7 +182,6 @@ def test_the_readme_s_recipe_for_a_new_loss_term_trains_and_logs_it(name, tmp_pa
     """The README's diff blocks, applied as they are to a copy of each file (each block's old text found exactly once,
     from the start of a line): the copy trains with the new flag and logs the new statistic every iteration, finite;
     a full file refuses a value against the new rule in one line."""
-    import importlib.util
     import math
 
     from conftest import read_scalars
@@ -197,12 +196,7 @@ def test_the_readme_s_recipe_for_a_new_loss_term_trains_and_logs_it(name, tmp_pa
         assert anchored.count("\n" + old) == 1, f"{name}.py: the README's edit does not apply:\n{old}"
         text = anchored.replace("\n" + old, "\n" + new)[1:]
     (tmp_path / f"{name}.py").write_text(text)
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", tmp_path / f"{name}.py")
-    script = importlib.util.module_from_spec(spec)
-    # a plumbing module of its own, as load_script gives each full file: PPG's adds `arch` to the one it imports and
-    # names itself in it, which would otherwise be the copy that the last loaded full file is using
-    monkeypatch.delitem(sys.modules, "plumbing", raising=False)
-    spec.loader.exec_module(script)
+    script = import_file(f"recipe_{name}", tmp_path / f"{name}.py")
     monkeypatch.chdir(tmp_path)
     narrow_lean(script, monkeypatch)  # the new term's shape and sign are what is checked
     run_name = script.train(parse(script, [*smoke_args(name), "--device", "cpu", "--value-l2-coef", "0.01"]))

@@ -408,5 +408,5 @@ def test_the_evaluation_flags_change_no_training_number(default_run, tmp_path, m
     logged = [scalars]
     for k, flags in enumerate((["--eval-interval", "0"], ["--eval-interval", "2", "--num-eval-envs", "3"])):
         logged.append(train(name, monkeypatch, tmp_path / str(k), flags)[1])
-    logged = [{tag: values for tag, values in scalars.items() if tag.startswith("losses/")} for scalars in logged]
+    logged = [{tag: values for tag, values in run.items() if tag.startswith("losses/")} for run in logged]
     assert logged[0] and logged[0] == logged[1] == logged[2]

@@ -94,7 +94,7 @@ def start_early(folder):
 def test_the_block_resolves_on_every_supported_python():
     """uv resolves the block's dependencies against the package index for each Python the gate accepts, on Linux
     x86-64, installing nothing: a marker that picks no procgen package, or two, or an unsatisfiable pin fails here."""
-    folder, deadline = conftest.start_early(sys.modules[__name__]), time.time() + 240
+    folder, deadline = conftest.early_work(sys.modules[__name__]), time.time() + 240
     for minor in supported_minors():
         status = folder / f"3.{minor}.status"
         while not status.exists() and time.time() < deadline:
