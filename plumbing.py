@@ -125,9 +125,11 @@ class RolloutPolicy:
     """One rollout's policy step: the lean loop's `policy_step(agent, next_obs)` (`--rollout plain`); folded, the test
     envs' own forward pass follows the training envs' and starts their step at once (`step_test_envs` waits for it);
     pipelined, the first half of the training envs steps while the second half's actions are computed. The noise of
-    the whole rollout is drawn ahead in the order the plain loops draw it (the test envs' from their own generator), so
-    a CPU run logs what `--rollout plain` logs; the training envs' batch never holds the test envs' observations, so a
-    GPU, which may round a batch of another size otherwise, trains alike whatever the evaluation flags are."""
+    the whole rollout is drawn ahead, a step's at a time as the plain loops draw it (the test envs' from their own
+    generator): a GPU's generator gives one tensor of all the steps other numbers than it gives the steps one by one,
+    so only this logs what `--rollout plain` logs on a GPU too. The training envs' batch never holds the test envs'
+    observations, so a GPU, which may round a batch of another size otherwise, trains alike whatever the evaluation
+    flags are."""
 
     def __init__(self, agent, policy_step, envs, test_envs, test_obs, args, to_device, iteration, log_episodes):
         self.eval_now = args.eval_interval > 0 and iteration % args.eval_interval == 0  # the test envs step now
@@ -136,14 +138,18 @@ class RolloutPolicy:
         self.agent, self.policy_step, self.envs = agent, policy_step, envs  # [36] the stage, compiled or not
         self.to_device, self.log_episodes, self.t, self.test_episodes, self.noise = to_device, log_episodes, 0, [], None
         self.size = envs.num_envs // (2 if args.rollout == "pipelined" else 1)
-        actions, device = envs.single_action_space.n, next(agent.parameters()).device
+        device, actions = next(agent.parameters()).device, envs.single_action_space.n
+
+        def drawn(num_envs):  # the rollout's noise, a step's draw at a time, as `policy_step` draws it
+            steps = [torch.empty((num_envs, actions), device=device).exponential_() for _ in range(args.num_steps)]
+            return torch.stack(steps)
+
         if args.rollout != "plain":
-            self.noise = torch.empty((args.num_steps, envs.num_envs, actions), device=device).exponential_()
+            self.noise = drawn(envs.num_envs)
         if self.test_envs is not None:  # the test envs' noise, from the plain test loop's own generator
             with torch.random.fork_rng([device] if device.type == "cuda" else []):
                 torch.manual_seed(args.seed + 7919 * args.rank + 1_000_003 + iteration)  # [30] each process's own
-                shape = (args.num_steps, test_envs.num_envs, actions)
-                self.test_noise = torch.empty(shape, device=device).exponential_()
+                self.test_noise = drawn(test_envs.num_envs)
 
     def __call__(self, next_obs):
         if self.noise is None:
@@ -848,8 +854,10 @@ class Run:
         writer = NullWriter()
         if args.rank == 0:
             writer = SummaryWriter(make_dir(self.dir, "exp-name"), purge_step=purge_step, max_queue=1000)
+        # [36] compiled (on a GPU by default), the first iteration compiles the stages: a slow start, said
+        fast = f", --compile {args.compile} --rollout {args.rollout}: compiling first" if args.compile != "off" else ""
         console(f"{SCRIPT}.py: {args.env_id}, {args.num_iterations} iterations of {args.batch_size} steps on "
-                f"{self.device}; logs in {self.dir} (tensorboard --logdir runs)")  # fmt: skip
+                f"{self.device}{fast}; logs in {self.dir} (tensorboard --logdir runs)")  # fmt: skip
         return writer
 
     def video_dir(self):
@@ -1243,6 +1251,14 @@ def check_every_flag(args, rules, warnings, check_algorithm, memory_needed) -> N
     args.local_num_envs = args.num_envs // args.world_size
     args.local_batch_size = args.local_num_envs * args.num_steps
     args.local_minibatch_size = minibatch_size // args.world_size
+    # [35] [36] the GPU's defaults: one process on a GPU compiles its stages with CUDA graphs and folds the test envs
+    # into the rollout, the fastest settings measured, meant to log the eager plain loop's numbers up to float rounding
+    # (tests/test_gpu.py checks it on a GPU); a CPU and torchrun keep the lean loop, PPG's accumulated gradients eager
+    gpu = args.device.startswith("cuda") and args.world_size == 1
+    if args.compile == "auto":
+        args.compile = "reduce-overhead" if gpu and getattr(args, "n_aux_grad_accum", 1) == 1 else "off"
+    if args.rollout == "auto":
+        args.rollout = "folded" if gpu else "plain"
     check_algorithm(args)
     if args.rollout == "pipelined" and args.local_num_envs % 2:  # [35] two halves
         arg_error("rollout", "steps the envs in two halves: each process's --num-envs must be even", "pipelined")

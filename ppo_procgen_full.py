@@ -195,13 +195,15 @@ class Args:
     """run the network in bfloat16 autocast (losses, ratios and the optimizer stay in fp32)"""
     tune_malloc: bool = True
     """keep glibc's freed memory for reuse instead of unmapping it (about 1.7x faster updates on CPU)"""
-    rollout: Literal["plain", "folded", "pipelined"] = "plain"
+    rollout: Literal["auto", "plain", "folded", "pipelined"] = "auto"
     """plain: the lean loop, then the test envs' own loop; folded: the test envs in the same forward pass, stepping
     beside the training envs; pipelined: folded, and the training envs in two halves, one stepping while the other's
-    actions are computed. The same numbers on a CPU (the rollout's noise is drawn ahead, in the same order)"""
-    compile: Literal["off", "default", "reduce-overhead"] = "off"
+    actions are computed; auto: folded on a GPU (one process), else plain. The same numbers on a CPU (the rollout's
+    noise is drawn ahead, a step's at a time)"""
+    compile: Literal["auto", "off", "default", "reduce-overhead"] = "auto"
     """torch.compile the loop's three stages, each whole (the policy step, the advantages, the update minibatch);
-    `reduce-overhead` adds CUDA graphs on a GPU"""
+    `reduce-overhead` adds CUDA graphs on a GPU; auto: reduce-overhead on a GPU (one process: the first iteration
+    compiles, about a minute), else off"""
     # The Procgen paper's PPO runs (train-procgen, baselines' PPO2): DETAILS.md, "Defaults and the reference setups"
     norm_reward_gamma: float | None = None
     """the discount of the return whose running std scales the rewards; None: `gamma` (CleanRL's); 0.99: the Procgen

@@ -6,11 +6,12 @@ and the figures that a CPU cannot give, gathered in GPU.md with the GPU, torch a
 
 The steps, each timed, each one's output kept beside GPU.md:
   1. the CUDA tests: `python -m pytest -k "cuda or gpu"`;
-  2. `throughput.py --suite gpu --device cuda`: the rows in the order of what we most need to know (PPO's and PPG's
-     defaults; the stages compiled, then with CUDA graphs; the folded and pipelined rollouts eager, then with CUDA
-     graphs; bf16; PPG with CUDA graphs), inductor's cache filled by one untimed compiled iteration first; each run
-     killed past `--row-timeout` (2 minutes), a failing one written with its exit status and last stderr lines, the
-     CUDA graphs that inductor skipped named. The GPU defaults are to be decided from it;
+  2. `throughput.py --suite gpu --device cuda --reps 3`: the rows in the order of what we most need to know (the lean
+     loop, then PPO's GPU defaults, CUDA graphs and the folded rollout; PPG's two alike, whole phases; then bf16 and
+     each option alone), each the mean of whole iterations after a warm-up, the rows alternating; inductor's cache
+     filled by one untimed compiled iteration first; each run killed past `--row-timeout` (2 minutes), a failing one
+     written with its exit status and last stderr lines, the CUDA graphs that inductor skipped named. Whether the
+     GPU's defaults are faster than the lean loop is read here;
   3. `throughput.py --suite machine --device cuda`: 1, 2, 3 and 4 runs of PPO at once, the machine's total;
   4. `throughput.py --suite host --device cuda`: each script's loop without the network, beside procgen alone;
   5. `python -m pytest tests/test_host_syncs.py -k cuda`: no host-device sync between two minibatches, and a rollout
@@ -40,7 +41,8 @@ HERE = Path(__file__).resolve().parent
 # (the first run, on an H200, 2026-11-26, with 150, 300, 75 and 45: the CUDA tests and the host side ran out, the
 # speed table measured 5 of its rows, the host-sync tests took 25 s)
 # (2026-11-27: the machine-full step added, 120 s for its four rows; the others cut to keep the sum at 9.5 minutes)
-TIMEOUTS = {"CUDA tests": 130, "Speed options": 230, "Machine full": 120, "Host side": 60, "Host-device syncs": 30}
+# (2026-11-27: the speed rows 3 times each, the GPU's defaults and the lean loop first: the speed step given most)
+TIMEOUTS = {"CUDA tests": 120, "Speed options": 300, "Machine full": 90, "Host side": 40, "Host-device syncs": 20}
 
 
 def run_step(cmd, timeout, env):
@@ -59,7 +61,7 @@ def run_step(cmd, timeout, env):
     return proc.returncode, output
 
 
-QUICK_ROWS = ["PPO default", "PPO eager, --rollout folded", "PPO eager, --rollout pipelined"]
+QUICK_ROWS = ["PPO default (", "PPO eager, --rollout folded", "PPO eager, --rollout pipelined"]
 
 
 def steps(opts):
@@ -81,6 +83,7 @@ def steps(opts):
     tests = ["tests/test_smoke.py"] if opts.quick else []
     serial = ["-n", "0"] if opts.quick else []  # a check on a CPU skips every CUDA case: no worker per core
     rows = ["--only", *QUICK_ROWS] if opts.quick else []
+    reps = [] if opts.quick else ["--reps", "3"]  # the speed rows repeated, alternating (the other steps: once)
     host_rows = ["--only", "PPO lean", "PPO full, --rollout pipelined"] if opts.quick else []
     return [
         # the kit's own tests (tests/test_benchmarks.py, which would run a nested kit) and the host-sync tests (the
@@ -104,7 +107,7 @@ def steps(opts):
         ),
         (
             "Speed options",
-            [*bench, "--suite", "gpu", "--timeout", str(opts.row_timeout), *quick, *rows],
+            [*bench, "--suite", "gpu", "--timeout", str(opts.row_timeout), *quick, *rows, *reps],
             "GPU_SPEED.md",
         ),
         ("Machine full", [*bench, "--suite", "machine", *quick], "MACHINE.md"),

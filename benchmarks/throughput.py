@@ -58,30 +58,40 @@ OPTION_CONFIGS = [
     ("PPO --intrinsic-coef 0.5 (RND)", "ppo_procgen_full", ["--intrinsic-coef", "0.5"], {}),
 ]
 OPTION_SIZES = ["--num-envs", "16"]
-# the GPU suite (the GPU kit's): the default PPO first (the ratios' base), then the rows in the order of what we most
-# need to know. The kit's first run (an H200, benchmarks/gpu/) measured the defaults, the stages compiled, with CUDA
-# graphs and the folded rollout eager before its step's limit: the combinations come first now, then those five. A row
-# past the kit's --timeout is killed and the step's own limit cuts the rows at the end, so the last are the ones lost.
-# PPG's rows close a phase every iteration (--n-iteration 1): its auxiliary epoch is in the timed iteration. Each row
-# runs 2 iterations and times the second: a compiled stage compiles at its first call and records its CUDA graph at its
-# second, all within the first iteration (each runs many times an iteration; the advantages, once, stay eager), and
-# one untimed compiled run fills inductor's cache before the first compiled row
+# the GPU suite (the GPU kit's): the lean loop first (the ratios' base: the full files' defaults on a CPU, and on a GPU
+# before 2026-11-27), then the GPU's defaults (`--compile auto --rollout auto`: CUDA graphs and the folded rollout),
+# PPG's two alike, then the options one by one. Each row runs 3 iterations and times the last 2 (their mean): a
+# compiled stage compiles at its first call and records its CUDA graph at its second, all within the first iteration
+# (each runs many times an iteration; the advantages, once, stay eager), and one untimed compiled run fills inductor's
+# cache before the first compiled row. PPG's rows close a phase every iteration (`--n-iteration 1`), so each timed
+# iteration holds a whole phase, its 6 auxiliary epochs included (over a phase's rollouts: per policy iteration the
+# same auxiliary work as at the default 32). A row past the kit's --timeout is killed and the step's own limit cuts
+# the rows at the end, so the last are the ones lost
 COMPILED, GRAPHS = ["--compile", "default"], ["--compile", "reduce-overhead"]
-PPG_ROW = ["--n-iteration", "1", "--e-auxiliary", "1"]
+EAGER = ["--compile", "off", "--rollout", "plain"]  # the lean files' loop
+PPG_ROW = ["--n-iteration", "1"]
 GPU_CONFIGS = [
-    ("PPO default", "ppo_procgen_full", [], {}),
-    ("PPO compiled + CUDA graphs, --rollout folded", "ppo_procgen_full", [*GRAPHS, "--rollout", "folded"], {}),
-    ("PPO compiled + CUDA graphs, --rollout pipelined", "ppo_procgen_full", [*GRAPHS, "--rollout", "pipelined"], {}),
-    ("PPO compiled + CUDA graphs, folded, --autocast bf16", "ppo_procgen_full",
-     [*GRAPHS, "--rollout", "folded", "--autocast", "bf16"], {}),
-    ("PPG compiled + CUDA graphs (a phase of 1 iteration)", "ppg_procgen_full", [*GRAPHS, *PPG_ROW], {}),
-    ("PPO eager, --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
-    ("PPO compiled + CUDA graphs (--compile reduce-overhead)", "ppo_procgen_full", GRAPHS, {}),
-    ("PPG default (a phase of 1 iteration)", "ppg_procgen_full", PPG_ROW, {}),
-    ("PPO eager, --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
-    ("PPO compiled stages (--compile default)", "ppo_procgen_full", COMPILED, {}),
+    ("PPO eager, --rollout plain (the lean loop)", "ppo_procgen_full", EAGER, {}),
+    ("PPO default (a GPU: CUDA graphs, --rollout folded)", "ppo_procgen_full", [], {}),
+    ("PPG eager, --rollout plain (phases of 1 iteration)", "ppg_procgen_full", [*EAGER, *PPG_ROW], {}),
+    ("PPG default (phases of 1 iteration)", "ppg_procgen_full", PPG_ROW, {}),
+    ("PPO default, --autocast bf16", "ppo_procgen_full", ["--autocast", "bf16"], {}),
+    ("PPO CUDA graphs, --rollout pipelined", "ppo_procgen_full", [*GRAPHS, "--rollout", "pipelined"], {}),
+    ("PPO CUDA graphs (--compile reduce-overhead), --rollout plain", "ppo_procgen_full", [*GRAPHS, "--rollout",
+                                                                                           "plain"], {}),
+    ("PPO eager, --rollout folded", "ppo_procgen_full", ["--compile", "off", "--rollout", "folded"], {}),
+    ("PPO eager, --rollout pipelined", "ppo_procgen_full", ["--compile", "off", "--rollout", "pipelined"], {}),
+    ("PPO compiled stages (--compile default)", "ppo_procgen_full", [*COMPILED, "--rollout", "plain"], {}),
 ]  # fmt: skip
-WARM_UP = ("PPO", "ppo_procgen_full", GRAPHS)  # one iteration, untimed, before the first compiled row
+GPU_ITERATIONS, GPU_TIMED = 3, 2
+
+
+def compiles(flags, device):
+    """Whether a full file's run with `flags` compiles its stages on `device` (`--compile auto`: on a GPU)."""
+    return flags[flags.index("--compile") + 1] != "off" if "--compile" in flags else device.startswith("cuda")
+
+
+WARM_UP = ("PPO", "ppo_procgen_full", [*GRAPHS, "--rollout", "folded"])  # one iteration, untimed, before the first
 QUICK_SIZES = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
 QUICK_NETWORK = ["--cnn-channels", "2"]  # the speed tables' full files in a check: one stack of 2 channels
 QUICK_PPG = ["--num-aux-rollouts", "2"]
@@ -90,7 +100,7 @@ QUICK_PPG = ["--num-aux-rollouts", "2"]
 # after its last timed iteration (name, script, flags, environment); OpenMP's idle threads spin by default
 HOST_CONFIGS = [
     ("PPO lean (ppo_procgen.py)", "ppo_procgen", [], {}),
-    ("PPO full, --rollout plain", "ppo_procgen_full", [], {}),
+    ("PPO full, --rollout plain", "ppo_procgen_full", ["--rollout", "plain"], {}),
     ("PPO full, --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
     ("PPO full, --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
     ("PPO full, --rollout folded, OMP_WAIT_POLICY=PASSIVE", "ppo_procgen_full", ["--rollout", "folded"],
@@ -264,16 +274,17 @@ class RunFailed(SystemExit):
         super().__init__(f"benchmark run failed (exit status {status}): {' '.join(cmd)}\n{stderr[-2000:]}")
 
 
-def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None):
-    """One process of the script; the perf/* of its last iteration, its peak memory, and the CUDA graphs that inductor
-    said it skipped (their count, and the first reason in `skip_reason`)."""
+def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None, timed=1):
+    """One process of the script; the perf/* of its last `timed` iterations (their mean), its peak memory, and the CUDA
+    graphs that inductor said it skipped (their count, and the first reason in `skip_reason`)."""
     total = batch * iterations
     cmd = [sys.executable, str(ROOT / f"{script}.py"), "--total-timesteps", str(total), "--device", device,
            "--exp-name", "bench", *flags]  # fmt: skip
     start = time.perf_counter()
     _, usage, acc, errors = run_logged(cmd, workdir, env, timeout)
     row_seconds = time.perf_counter() - start  # the whole run: start, compile, every iteration, exit
-    last = {tag: acc.Scalars(tag)[-1].value for tag in acc.Tags()["scalars"] if tag.startswith("perf/")}
+    perf = [tag for tag in acc.Tags()["scalars"] if tag.startswith("perf/")]
+    last = {tag: statistics.fmean(e.value for e in acc.Scalars(tag)[-timed:]) for tag in perf}
     last["peak_rss_gib"] = usage.ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
     last["row_seconds"] = row_seconds
     last["sps"] = batch / last["perf/iteration_seconds"]
@@ -468,7 +479,7 @@ def main():
     configs = {"speed": CONFIGS, "options": OPTION_CONFIGS, "gpu": GPU_CONFIGS}[opts.suite]
     configs = [c for c in configs if opts.only is None or any(text in c[0] for text in opts.only)]
     if opts.quick:  # compiling takes a minute or more on a CPU: a check leaves it out
-        configs = [c for c in configs if "--compile" not in c[2]]
+        configs = [c for c in configs if not compiles(c[2], opts.device)]
     if not configs:
         raise SystemExit(f"throughput.py: error: --only {' '.join(opts.only)}: no configuration's name has it")
     sizes = [*QUICK_SIZES, *QUICK_NETWORK] if opts.quick else (OPTION_SIZES if opts.suite == "options" else [])
@@ -485,16 +496,19 @@ def main():
     for rep in range(reps):
         for name, script, flags, env in configs:
             extra = sizes + (ppg_sizes if script.startswith("ppg_procgen") else [])
-            if opts.suite == "gpu" and "--compile" in flags and "warm-up" not in notes:
+            if opts.suite == "gpu" and compiles(flags, opts.device) and "warm-up" not in notes:
                 notes["warm-up"] = warm_up(opts, extra, batch)
-            # 2 iterations: the first is the warm-up (compiled: the stages compile and record their graphs there)
+            # the first iteration is the warm-up (compiled: the stages compile and record their graphs there)
+            iterations, timed = (GPU_ITERATIONS, GPU_TIMED) if opts.suite == "gpu" else (2, 1)
             try:
-                result = run(script, [*flags, *extra], 2, batch, opts.out, opts.device, env, opts.timeout)
+                result = run(
+                    script, [*flags, *extra], iterations, batch, opts.out, opts.device, env, opts.timeout, timed
+                )
                 results[name].append(result)
                 skips, reason = result["cudagraph_skips"], result.pop("skip_reason")
                 if skips:
                     notes[name] = f"{name}: inductor skipped {skips:g} CUDA graph(s); the first said `{reason}`"
-                elif "reduce-overhead" in flags and opts.device.startswith("cuda"):
+                elif compiles(flags, opts.device) and "default" not in flags and opts.device.startswith("cuda"):
                     notes[name] = f"{name}: no CUDA graph skipped (inductor said none on stderr)"
             except TimeoutError:  # a row that hangs or compiles too long: said in the table, the rest go on
                 not_measured[name] = f"timed out after {opts.timeout:g} s"
@@ -545,6 +559,7 @@ def host_suite(opts):
     for rep in range(reps):  # alternating, so that a shared machine's drift falls on every row alike
         for name, script, flags, env in configs:
             extra = sizes + (QUICK_PPG if opts.quick and script.startswith("ppg") else [])
+            extra += ["--compile", "off"] if script.endswith("_full") else []  # the loop eager, on a GPU too
             try:
                 results[name].append(host_run(script, [*flags, *extra], iterations, batch, opts.out, opts.device, env))
             except RunFailed as exc:  # a row that fails: its exit status and last stderr lines, the rest go on
@@ -632,7 +647,13 @@ def write_results(opts, configs, results, done, reps, ceilings, envs, batch, not
         "",
         f"Machine: {machine(opts.device)}.  ",
         f"Command: `{cmd}`, {time.strftime('%Y-%m-%d')}. Medians over {done} of {reps} repetition(s); the",
-        "configurations alternate within each repetition. Times are of one iteration after a warm-up, as the script",
+        "configurations alternate within each repetition. Times are of "
+        + (
+            f"whole iterations, the mean of the last {GPU_TIMED} of {GPU_ITERATIONS}"
+            if opts.suite == "gpu"
+            else "one iteration after a warm-up"
+        )
+        + ", as the script",
         f"logs them (`perf/*`); a batch is {batch} steps. Ratios are against the first row, measured in the same run.",
         "`run s`: the whole run's seconds (start, compile, every iteration), what a row costs the benchmark.",
         "",

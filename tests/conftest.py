@@ -151,6 +151,13 @@ def smoke_args(name, network=NARROW):
     return [*SMOKE_ARGS, *SCRIPT_ARGS[name.removesuffix("_full")], *(network if name.endswith("_full") else [])]
 
 
+def on_device(name, device):
+    """`--device DEVICE`, and on a GPU a full file's eager plain loop, as the lean file's: its GPU defaults compile
+    the stages with CUDA graphs (tests/test_gpu.py checks them), where these tests patch and count the eager ones."""
+    eager = ["--compile", "off", "--rollout", "plain"] if device != "cpu" and name.endswith("_full") else []
+    return ["--device", device, *eager]
+
+
 def narrow_lean(script, monkeypatch, stacks=(2,)):
     """A lean file's network as NARROW asks a full file for it: the lean files have no flag for the stacks, so the
     test sets their `impala_cnn`'s argument (a full file is left as it is: its tests pass NARROW)."""

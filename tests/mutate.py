@@ -49,6 +49,9 @@ KEPT_TESTS = (["tests/test_checkpoint.py", "tests/test_no_traceback.py"], "full_
 # the tests that a run's network has the flags' channels, and that a checkpoint of other channels is refused
 NETWORK_TESTS = (["tests/test_checkpoint.py"], "bad_checkpoints or evaluation")
 
+# the GPU's defaults (--compile auto, --rollout auto), as check_args settles them on the run's device
+FAST_PATH_TESTS = (["tests/test_cuda_paths.py"], "fast_path")
+
 # the compiled stages' test, for the mistakes in --compile
 COMPILE_TESTS = (["tests/test_compile.py"], "compiled")
 
@@ -256,6 +259,17 @@ MUTANTS = [
          "dual's value network ignores --cnn-channels"),
     ]],
     # the plumbing's own lines, written once: a mistake there is made once
+    *[(PLUMBING, old, new, f"full: {what}", FAST_PATH_TESTS) for old, new, what in [
+        ('args.rollout = "folded" if gpu else "plain"', 'args.rollout = "plain"', "a GPU's default rollout is plain"),
+        ('gpu = args.device.startswith("cuda") and args.world_size == 1', 'gpu = args.device.startswith("cuda")',
+         "torchrun's processes compile with CUDA graphs by default"),
+        ('if gpu and getattr(args, "n_aux_grad_accum", 1) == 1 else "off"', 'if gpu else "off"',
+         "PPG's gradients accumulated across calls get CUDA graphs by default"),
+    ]],
+    (PLUMBING, "steps = [torch.empty((num_envs, actions), device=device).exponential_() for _ in "
+     "range(args.num_steps)]", "steps = torch.empty((args.num_steps, num_envs, actions), device=device).exponential_()",
+     "full: a folded rollout's noise drawn in one tensor (a GPU's generator gives other numbers)",
+     (["tests/test_features.py"], "folded_and_pipelined")),
     (PLUMBING, "self.seconds[part] = self.seconds.get(part, 0.0) + now - self.last",
      "self.seconds[part] = now - self.last", "full: the perf timers keep the last step's seconds alone",
      (["tests/test_features.py"], "perf_timers")),

@@ -104,10 +104,17 @@ def test_the_gpu_kit_runs_every_step_in_quick_mode_whatever_its_rows_do(tmp_path
     speed = {
         row.split("|")[1].strip(): row for row in kit.split("## Host side")[0].splitlines() if row.startswith("| PPO")
     }
-    assert list(speed) == ["PPO eager, --rollout pipelined", "PPO default", "PPO eager, --rollout folded"], speed
+    assert list(speed) == [
+        "PPO eager, --rollout pipelined",
+        "PPO default (a GPU: CUDA graphs, --rollout folded)",
+        "PPO eager, --rollout folded",
+    ], speed
     cells = [c.strip() for c in speed["PPO eager, --rollout pipelined"].split("|")[2:-1]]  # steps/s, ratio, env, ...
     assert float(cells[0]) > 0 and float(cells[4]) == 0  # the test envs step inside the rollout: no loop of their own
-    for row, planted_as in (("PPO default", "the default row"), ("PPO eager, --rollout folded", "the folded row")):
+    for row, planted_as in (
+        ("PPO default (a GPU: CUDA graphs, --rollout folded)", "the default row"),
+        ("PPO eager, --rollout folded", "the folded row"),
+    ):
         assert f"failed, exit status 1: planted failure: {planted_as}" in speed[row], speed[row]
     rows = [
         line.split("|")[1:-1]
@@ -398,7 +405,7 @@ def test_a_speed_row_that_fails_or_times_out_is_written_and_the_rows_after_it_ru
     measured |= {"perf/update_seconds": 0.2, "row_seconds": 3.0, "cudagraph_skips": 0, "skip_reason": ""}
     tables = []
 
-    def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None):
+    def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None, timed=1):
         if "pipelined" in flags:  # the last row: the table as a time limit stopping the benchmark here would leave it
             tables.append((workdir / "RESULTS.md").read_text())
         if env or "folded" in flags:  # the OMP_WAIT_POLICY row fails, the folded row hangs: real processes, as rows run
@@ -466,18 +473,18 @@ def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tm
 
     calls, real_run = [], throughput.run
 
-    def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None):
-        calls.append((flags, iterations))
-        if "folded" in flags:  # this row's run says inductor skipped two graphs
-            return real_run(script, flags, iterations, batch, workdir, device, env, timeout)
+    def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None, timed=1):
+        calls.append((flags, iterations, timed))
+        if "bf16" in flags:  # this row's run says inductor skipped two graphs
+            return real_run(script, flags, iterations, batch, workdir, device, env, timeout, timed)
         monkeypatch.setattr(throughput, "run_logged", logged(""))
-        result = real_run(script, flags, iterations, batch, workdir, device, env, timeout)
+        result = real_run(script, flags, iterations, batch, workdir, device, env, timeout, timed)
         monkeypatch.setattr(throughput, "run_logged", logged(stderr))
         return result
 
     monkeypatch.setattr(throughput, "run", run)
     monkeypatch.setattr(throughput, "ceiling", lambda *a: 1000.0)
-    only = ["PPO default", "CUDA graphs, --rollout folded", "CUDA graphs (--compile reduce-overhead)"]
+    only = ["PPO eager, --rollout plain", "PPO default", "CUDA graphs (--compile reduce-overhead)"]
     argv = ["throughput.py", "--suite", "gpu", "--device", "cuda", "--reps", "1", "--out", str(tmp_path), "--only",
             *only]  # fmt: skip
     monkeypatch.setattr(throughput, "machine", lambda device: "a test machine")
@@ -485,13 +492,16 @@ def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tm
     throughput.main()
     warm_up = [c for c in calls if c[1] == 1]
     assert len(warm_up) == 1 and calls.index(warm_up[0]) == 1 and "reduce-overhead" in warm_up[0][0]  # once, first
-    assert [iterations for _, iterations in calls] == [2, 1, 2, 2]
+    assert [(iterations, timed) for _, iterations, timed in calls] == [(3, 2), (1, 1), (3, 2), (3, 2), (3, 2)]
     table = (tmp_path / "GPU_SPEED.md").read_text()
     assert re.search(
-        r"- Warm-up: one iteration of PPO with `--compile reduce-overhead` from a cold cache, \d+ s", table
+        r"- Warm-up: one iteration of PPO with `--compile reduce-overhead --rollout folded` from a cold cache, \d+ s",
+        table,
     )
-    assert "folded: inductor skipped 2 CUDA graph(s); the first said `W1126 skipping cudagraphs due to mutated" in table
-    assert "(--compile reduce-overhead): no CUDA graph skipped" in table
+    assert "bf16: inductor skipped 2 CUDA graph(s); the first said `W1126 skipping cudagraphs due to mutated" in table
+    assert "(--compile reduce-overhead), --rollout plain: no CUDA graph skipped" in table
+    assert "folded): no CUDA graph skipped" in table  # the defaults' row: CUDA graphs, its flags none
+    assert "(the lean loop): no CUDA graph" not in table  # eager: no graphs to skip
 
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]

@@ -17,6 +17,7 @@ from conftest import (
     ROOT,
     file_size_limit,
     load_script,
+    on_device,
     outcome,
     parse,
     python,
@@ -85,7 +86,8 @@ SEPARATE = ["--aux-optimizer", "separate"]  # PPG's auxiliary phase with an Adam
 def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch, capsys, name, extra, device):
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
-    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", device, *extra]  # 4 iterations; PPG: 2 phases
+    # 4 iterations; PPG: 2 phases
+    flags = [*smoke_args(name), "--total-timesteps", "512", *on_device(name, device), *extra]
     update_minibatch = script.update_minibatch
     straight_updates = record_updates(monkeypatch, script, update_minibatch)
     straight = train(script, [*flags, "--exp-name", "straight"])

@@ -86,6 +86,33 @@ def test_a_torchrun_process_takes_its_local_rank_s_gpu(name, local_rank, world_s
     assert asked == asked_for and args.device == "cuda:1"
 
 
+FAST_PATH = [
+    (1, ["--device", "cuda"], ("reduce-overhead", "folded")),  # one process on a GPU: the fast path
+    (2, ["--device", "cuda"], ("off", "plain")),  # torchrun: the lean loop
+    (1, ["--device", "cpu"], ("off", "plain")),
+    (1, ["--device", "cuda", "--compile", "default", "--rollout", "pipelined"], ("default", "pipelined")),
+]
+PPG_ACCUMULATES = (1, ["--device", "cuda", "--n-aux-grad-accum", "2"], ("off", "folded"))  # no CUDA graphs
+
+
+@pytest.mark.parametrize(
+    "name,world_size,flags,chosen",
+    [(name, *case) for name in FULL for case in FAST_PATH] + [("ppg_procgen_full", *PPG_ACCUMULATES)],
+)
+def test_a_gpu_s_defaults_are_the_fast_path_and_a_cpu_s_the_lean_loop(name, world_size, flags, chosen, gpus,
+                                                                     monkeypatch):  # fmt: skip
+    """`--compile auto` and `--rollout auto`, the defaults, as `check_args` settles them on the device of the run."""
+    gpus(2)
+    torchrun_env(monkeypatch, 0, world_size)
+    zeros = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: zeros(*a, **k) if device == "cpu" else
+                        type("T", (), {"device": device})())  # fmt: skip
+    script = load_script(name)
+    args = parse(script, [*smoke_args(name), *flags])
+    script.check_args(args)
+    assert (args.compile, args.rollout) == chosen
+
+
 @pytest.mark.parametrize("name", FULL)
 def test_checkpoints_keep_the_random_state_of_this_process_s_gpu_alone(name, monkeypatch):
     script, used = load_script(name), []

@@ -5,6 +5,7 @@ the RND predictor learning and pretraining without the game's reward, bf16 autoc
 `--eval-only --eval-train-levels` on the training levels, and under torchrun each process's own levels and the
 episodes of all of them in the log."""
 
+import collections
 import copy
 import json
 import time
@@ -332,18 +333,22 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
     """On procgen's own games (bigfish, whose episodes end and draw new levels within the run): the test envs folded
     into the rollout's forward pass, and the training envs stepped in two halves, log every loss, return and test
     return of the plain rollout, bit for bit; and they did step ahead of `envs.step` (the test envs every step, the
-    first half of the training envs too when pipelined)."""
+    first half of the training envs too when pipelined). The noise drawn ahead is drawn a step's at a time, in the
+    plain loops' shapes: a GPU's generator gives one tensor of all the steps other numbers (a CPU's does not, so the
+    shapes are what a CPU can check)."""
     script = load_script(name)
-    started, ahead = [], script.plumbing.AheadSteps
-    act_ahead = ahead.act_ahead
+    started, ahead, draws = [], script.plumbing.AheadSteps, []
+    act_ahead, exponential_ = ahead.act_ahead, torch.Tensor.exponential_
     monkeypatch.setattr(ahead, "act_ahead", lambda self, a, part=None: started.append((len(a), part))
                         or act_ahead(self, a, part))  # fmt: skip
+    monkeypatch.setattr(torch.Tensor, "exponential_", lambda x: draws.append(tuple(x.shape)) or exponential_(x))
     flags = ["--env-id", "bigfish", "--num-envs", "8", "--num-steps", "64", "--total-timesteps", "1024",
              "--num-minibatches", "2", "--num-eval-envs", "4", "--device", "cpu", *NARROW,
              *(PPG[:-2] + ["--e-auxiliary", "2"] if is_ppg(name) else [])]  # fmt: skip
     logged = {}
+    drawn = {}
     for rollout in ("plain", "folded", "pipelined") if not is_ppg(name) else ("plain", "pipelined"):  # PPG: its share
-        started.clear()
+        started.clear(), draws.clear()
         (tmp_path / rollout).mkdir()
         monkeypatch.chdir(tmp_path / rollout)
         run_name = script.train(parse(script, [*flags, "--rollout", rollout]))
@@ -352,8 +357,10 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
                                                                                          "charts/test"))}  # fmt: skip
         test_starts, half_starts = started.count((4, None)), started.count((4, 0))
         assert (test_starts, half_starts) == {"plain": (0, 0), "folded": (128, 0), "pipelined": (128, 128)}[rollout]
+        drawn[rollout] = collections.Counter(draws)
     assert logged["plain"]["charts/episodic_return"] and logged["plain"]["charts/test_episodic_return"]
     assert all(logs == logged["plain"] for logs in logged.values())
+    assert drawn["plain"][(8, 15)] == 128 and all(shapes == drawn["plain"] for shapes in drawn.values()), drawn
 
 
 def test_the_folded_rollout_trains_alike_with_and_without_evaluation_where_a_batch_rounds_by_its_size(

@@ -1,9 +1,9 @@
 """What only a GPU can check: the speed options as a GPU runs them. The compiled stages with CUDA graphs
 (`--compile reduce-overhead`: each stage's graph recorded at its second call, replayed after it, none skipped) and
 the folded and pipelined rollouts train, with finite losses (a rollout step's waits on the GPU: test_host_syncs.py).
-Whether the fast path logs the eager plain rollout's numbers, up to float rounding, decides the GPU default.
-Every case is skipped without a GPU; run on a CPU with `--device cpu`, the CUDA-graph check failed as it should (a CPU
-run skips every graph: 11 in PPG's), and each assertion says what a GPU run saw."""
+Whether the GPU's defaults (the fast path) log the eager plain rollout's numbers, up to float rounding. Every case
+is skipped without a GPU; run on a CPU with `--device cpu`, the CUDA-graph check failed as it should (a CPU run
+skips every graph: 11 in PPG's), and each assertion says what a GPU run saw."""
 
 import numpy as np
 import pytest
@@ -43,24 +43,25 @@ def test_the_gpu_speed_options_train_on_cuda(name, compile_mode, rollout, tmp_pa
     assert skipped == 0 or compile_mode != "reduce-overhead", f"{skipped} CUDA graph(s) skipped: see the log above"
 
 
-@pytest.mark.parametrize("rollout", ["plain", "folded"])
-def test_the_gpu_fast_path_logs_the_eager_plain_rollout_s_numbers(rollout, tmp_path, monkeypatch):
-    """Whether a GPU default may be the fast path (issues 72 and 73): PPO with CUDA graphs (`--compile
-    reduce-overhead`), with the plain or the folded rollout, against the eager plain rollout at the same seed, three
-    iterations with the test envs: every loss and return within float rounding grown over Adam's steps (the CPU's
-    compiled-stages test allows 2e-3 over two iterations). The folded rollout draws a rollout's noise in one tensor,
-    which a GPU's generator need not draw as it draws many small ones: where that parts the actions, this fails for it
-    and says so, and the fast default is the plain rollout's."""
+@pytest.mark.parametrize("fast", [[], ["--rollout", "plain"]], ids=["defaults", "graphs-plain"])
+def test_the_gpu_defaults_log_the_eager_plain_rollout_s_numbers(fast, tmp_path, monkeypatch):
+    """The GPU's defaults (issues 72 and 73): PPO at its defaults on a GPU (`--compile auto --rollout auto`: CUDA
+    graphs and the folded rollout), and with CUDA graphs and the plain rollout, against the eager plain rollout
+    (`--compile off --rollout plain`, the lean file's loop) at the same seed, three iterations with the test envs:
+    every loss and return within float rounding grown over Adam's steps (the CPU's compiled-stages test allows 2e-3
+    over two iterations). The folded rollout draws its noise ahead a step's at a time, as the plain loop draws it:
+    where this fails for the defaults and not for the plain rollout, the folded rollout parts them."""
     script = load_script("ppo_procgen_full")
     flags = [*smoke_args("ppo_procgen_full"), *THREE, "--device", "cuda", "--num-eval-envs", "4"]
     tags = ("losses/", "charts/episodic", "charts/test_episodic")
     logged = {}
-    for name, options in (("eager", ["--rollout", "plain"]), ("fast", ["--compile", "reduce-overhead", "--rollout",
-                                                                      rollout])):  # fmt: skip
+    for name, options in (("eager", ["--compile", "off", "--rollout", "plain"]), ("fast", fast)):
         (tmp_path / name).mkdir()
         monkeypatch.chdir(tmp_path / name)
-        scalars = read_scalars(tmp_path / name / "runs" / script.train(parse(script, [*flags, *options])))
+        args = parse(script, [*flags, *options])
+        scalars = read_scalars(tmp_path / name / "runs" / script.train(args))
         logged[name] = {tag: [v for _, v in rows] for tag, rows in scalars.items() if tag.startswith(tags)}
+    assert (args.compile, args.rollout) == ("reduce-overhead", "plain" if fast else "folded")
     assert logged["eager"]["losses/approx_kl"][-1] > 0 and logged["fast"].keys() == logged["eager"].keys()
     for tag, values in logged["eager"].items():
         np.testing.assert_allclose(logged["fast"][tag], values, rtol=2e-3, atol=1e-5, err_msg=tag)

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import tyro
-from conftest import DEVICES, GPU, load_script, narrow_lean, smoke_args
+from conftest import DEVICES, GPU, load_script, narrow_lean, on_device, smoke_args
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -92,7 +92,7 @@ def test_no_host_traffic_between_the_minibatches_of_an_epoch(name, device, tmp_p
             monkeypatch.setattr(script, fn, counted(getattr(script, fn), traffic, marks[fn]))
     with traffic:
         epochs = ["--e-auxiliary", "2"] if "ppg" in name else []  # PPG: two auxiliary epochs, one after the other
-        script.train(tyro.cli(script.Args, args=[*smoke_args(name), "--device", device, *epochs]))
+        script.train(tyro.cli(script.Args, args=[*smoke_args(name), *on_device(name, device), *epochs]))
     for fn, per_epoch in (("clipped_policy_loss", 2), ("policy_kl", 4)):
         if fn in marks:
             calls = marks[fn]
@@ -123,7 +123,7 @@ def test_a_rollout_step_waits_on_the_gpu_only_for_its_copies_back_cuda(rollout, 
 
     monkeypatch.setattr(script, "log_episodes", counted)
     with syncs:
-        script.train(tyro.cli(script.Args, args=[*smoke_args("ppo_procgen_full"), "--device", "cuda", "--rollout",
-                                                 rollout]))  # fmt: skip
+        script.train(tyro.cli(script.Args, args=[*smoke_args("ppo_procgen_full"), "--device", "cuda", "--compile",
+                                                 "off", "--rollout", rollout]))  # fmt: skip
     per_step = [b - a for i, (a, b) in enumerate(zip(marks, marks[1:], strict=False)) if (i + 1) % 32]  # one rollout
     assert len(per_step) == 2 * 31 and max(per_step) <= WAITS[rollout], (rollout, per_step)

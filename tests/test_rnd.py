@@ -3,7 +3,7 @@
 import pytest
 import torch
 import tyro
-from conftest import DEVICES, load_script, smoke_args
+from conftest import DEVICES, load_script, on_device, smoke_args
 
 SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
@@ -54,7 +54,8 @@ def test_intrinsic_reward_enters_before_gae_in_pretraining(tmp_path, monkeypatch
     monkeypatch.setattr(script.ProcgenVecEnv, "step", no_extrinsic_reward)
     monkeypatch.setattr(script, "compute_gae", record_gae)
     monkeypatch.setattr(script.RND, "intrinsic_reward", record_intrinsic)
-    flags = [*smoke_args(name), "--device", device, "--eval-interval", "0", "--pretraining", "--intrinsic-coef", "0.5"]
+    flags = [*smoke_args(name), *on_device(name, device), "--eval-interval", "0"]
+    flags += ["--pretraining", "--intrinsic-coef", "0.5"]
     flags += ["--rnd-obs-norm-steps", "8"]
     script.train(tyro.cli(script.Args, args=flags))
     intrinsic, first = seen[0]["intrinsic"], seen[1]

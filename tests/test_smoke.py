@@ -11,6 +11,7 @@ from conftest import (
     assert_trained,
     load_script,
     narrow_lean,
+    on_device,
     only_run_dir,
     parse,
     read_scalars,
@@ -53,7 +54,8 @@ SCRIPTS = [
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name,extra,expected", SCRIPTS)
 def test_smoke(tmp_path, monkeypatch, name, extra, expected, device):
-    argv = [*smoke_args(name, network=NARROW if extra else []), "--device", device, *extra]  # the tier: the defaults
+    # the tier: the defaults (on a GPU, a full file's eager loop: its compiled defaults are test_gpu.py's)
+    argv = [*smoke_args(name, network=NARROW if extra else []), *on_device(name, device), *extra]
     if extra:  # an option: its script's train() in this process, which has paid for the imports and procgen's start
         script = load_script(name)
         monkeypatch.chdir(tmp_path)
