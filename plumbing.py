@@ -85,10 +85,12 @@ def add_aliases(Args, aliases):
 class AheadSteps:
     """procgen's gym3 games in `parts` instances, each of whose next step may start (`act_ahead`) before the adapter's
     `step` waits for them all. Parts are made with the games' states copied from the one instance of them all: procgen
-    seeds its games in order from one `rand_seed`, so parts seeded apart would play other levels."""
+    seeds its games in order from one `rand_seed`, so parts seeded apart would play other levels. `between`, where set
+    (a pipelined rollout's), is called with the first part's observations as soon as they are in, while the others
+    still step."""
 
     def __init__(self, whole, parts, make):
-        self.size, self.started = whole.num // parts, [False] * parts
+        self.size, self.started, self.between = whole.num // parts, [False] * parts, None
         self.parts = [whole] if parts == 1 else [make(num=self.size) for _ in range(parts)]
         if parts > 1:
             self.set_state(whole.get_state())
@@ -107,7 +109,10 @@ class AheadSteps:
         self.started = [False] * len(self.parts)
 
     def observe(self):
-        seen = [part.observe() for part in self.parts]
+        seen = [self.parts[0].observe()]  # gym3 copies what it returns: a step started now does not overwrite it
+        if self.between is not None and len(self.parts) > 1:
+            self.between(seen[0][1]["rgb"])
+        seen += [part.observe() for part in self.parts[1:]]
         if len(seen) == 1:
             return seen[0]
         rgb = np.concatenate([obs["rgb"] for _, obs, _ in seen])
@@ -124,7 +129,10 @@ class AheadSteps:
 class RolloutPolicy:
     """One rollout's policy step: the lean loop's `policy_step(agent, next_obs)` (`--rollout plain`); folded, the test
     envs' own forward pass follows the training envs' and starts their step at once (`step_test_envs` waits for it);
-    pipelined, the first half of the training envs steps while the second half's actions are computed. The noise of
+    pipelined, each half of the training envs steps while the other half's actions are computed: the first half's
+    next actions are computed, and its step started, inside the envs' step, as soon as its games have answered and
+    while the second half's still step (`first_half_ahead`; the wrappers leave the observations as they are, so the
+    raw ones are what the next step's policy sees), and the second half's while the first half steps. The noise of
     the whole rollout is drawn ahead, a step's at a time as the plain loops draw it (the test envs' from their own
     generator): a GPU's generator gives one tensor of all the steps other numbers than it gives the steps one by one,
     so only this logs what `--rollout plain` logs on a GPU too. The training envs' batch never holds the test envs'
@@ -137,7 +145,9 @@ class RolloutPolicy:
         self.test_envs, self.test_obs = (test_envs, test_obs) if self.folded else (None, None)
         self.agent, self.policy_step, self.envs = agent, policy_step, envs  # [36] the stage, compiled or not
         self.to_device, self.log_episodes, self.t, self.test_episodes, self.noise = to_device, log_episodes, 0, [], None
-        self.size = envs.num_envs // (2 if args.rollout == "pipelined" else 1)
+        self.size, self.first = envs.num_envs // (2 if args.rollout == "pipelined" else 1), None
+        if isinstance(getattr(envs.unwrapped, "env", None), AheadSteps):  # procgen-gym's games step in `step` alone
+            envs.unwrapped.env.between = self.first_half_ahead if args.rollout == "pipelined" else None
         device, actions = next(agent.parameters()).device, envs.single_action_space.n
 
         def drawn(num_envs):  # the rollout's noise, a step's draw at a time, as `policy_step` draws it
@@ -157,6 +167,10 @@ class RolloutPolicy:
         outs, parts = [], len(next_obs) // self.size
         for k in range(parts):
             rows = slice(k * self.size, (k + 1) * self.size)
+            if k == 0 and self.first is not None:  # pipelined: computed, and stepping, since the last step's envs
+                outs.append(self.first)
+                self.first = None
+                continue
             outs.append(self.policy_step(self.agent, next_obs[rows], self.noise[self.t, rows]))
             if k < parts - 1:
                 self.envs.unwrapped.act_ahead(outs[-1][0].cpu().numpy(), k)
@@ -165,6 +179,15 @@ class RolloutPolicy:
             self.test_envs.unwrapped.act_ahead(self.test_action)
         self.t += 1
         return outs[0] if len(outs) == 1 else [torch.cat(o) for o in zip(*outs, strict=True)]
+
+    def first_half_ahead(self, obs):
+        """Pipelined, inside the envs' step, the first half's games answered and the second half's still stepping: the
+        first half's next actions from its observations, and their step started (not after the rollout's last step:
+        the next rollout's actions come from the updated weights)."""
+        if self.t < len(self.noise):
+            obs = self.to_device("first_half_obs", obs)
+            self.first = self.policy_step(self.agent, obs, self.noise[self.t, : self.size])
+            self.envs.unwrapped.act_ahead(self.first[0].cpu().numpy(), 0)
 
     def test_results(self, test_obs, episodes, global_step):
         """Folded, at the rollout's end: the test envs' episodes join `episodes` as the test loop logs them, and their

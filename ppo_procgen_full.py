@@ -197,7 +197,7 @@ class Args:
     """keep glibc's freed memory for reuse instead of unmapping it (about 1.7x faster updates on CPU)"""
     rollout: Literal["auto", "plain", "folded", "pipelined"] = "auto"
     """plain: the lean loop, then the test envs' own loop; folded: the test envs in the same forward pass, stepping
-    beside the training envs; pipelined: folded, and the training envs in two halves, one stepping while the other's
+    beside the training envs; pipelined: folded, and the training envs in two halves, each stepping while the other's
     actions are computed; auto: folded on a GPU (one process), else plain. The same numbers on a CPU (the rollout's
     noise is drawn ahead, a step's at a time)"""
     compile: Literal["auto", "off", "default", "reduce-overhead"] = "auto"

@@ -266,6 +266,12 @@ MUTANTS = [
         ('if gpu and getattr(args, "n_aux_grad_accum", 1) == 1 else "off"', 'if gpu else "off"',
          "PPG's gradients accumulated across calls get CUDA graphs by default"),
     ]],
+    (PLUMBING, 'env.between = self.first_half_ahead if args.rollout == "pipelined" else None',
+     "env.between = None", "full: a pipelined rollout's first half waits for the second half's step",
+     (["tests/test_features.py"], "folded_and_pipelined")),
+    (PLUMBING, "self.noise[self.t, : self.size])", "self.noise[self.t - 1, : self.size])",
+     "full: a pipelined rollout's first half ahead with the last step's noise",
+     (["tests/test_features.py"], "folded_and_pipelined")),
     (PLUMBING, "steps = [torch.empty((num_envs, actions), device=device).exponential_() for _ in "
      "range(args.num_steps)]", "steps = torch.empty((args.num_steps, num_envs, actions), device=device).exponential_()",
      "full: a folded rollout's noise drawn in one tensor (a GPU's generator gives other numbers)",

@@ -333,14 +333,25 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
     """On procgen's own games (bigfish, whose episodes end and draw new levels within the run): the test envs folded
     into the rollout's forward pass, and the training envs stepped in two halves, log every loss, return and test
     return of the plain rollout, bit for bit; and they did step ahead of `envs.step` (the test envs every step, the
-    first half of the training envs too when pipelined). The noise drawn ahead is drawn a step's at a time, in the
+    first half of the training envs too when pipelined, and then inside the envs' step but at a rollout's first). The
+    noise drawn ahead is drawn a step's at a time, in the
     plain loops' shapes: a GPU's generator gives one tensor of all the steps other numbers (a CPU's does not, so the
     shapes are what a CPU can check)."""
     script = load_script(name)
     started, ahead, draws = [], script.plumbing.AheadSteps, []
     act_ahead, exponential_ = ahead.act_ahead, torch.Tensor.exponential_
-    monkeypatch.setattr(ahead, "act_ahead", lambda self, a, part=None: started.append((len(a), part))
+    monkeypatch.setattr(ahead, "act_ahead", lambda self, a, part=None: started.append((len(a), part, inside[0]))
                         or act_ahead(self, a, part))  # fmt: skip
+    inside, step = [False], script.ProcgenVecEnv.step  # whether a start is made inside the envs' step
+
+    def stepped(self, actions):
+        inside[0] = True
+        try:
+            return step(self, actions)
+        finally:
+            inside[0] = False
+
+    monkeypatch.setattr(script.ProcgenVecEnv, "step", stepped)
     monkeypatch.setattr(torch.Tensor, "exponential_", lambda x: draws.append(tuple(x.shape)) or exponential_(x))
     flags = ["--env-id", "bigfish", "--num-envs", "8", "--num-steps", "64", "--total-timesteps", "1024",
              "--num-minibatches", "2", "--num-eval-envs", "4", "--device", "cpu", *NARROW,
@@ -355,8 +366,10 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
         scalars = read_scalars(tmp_path / rollout / "runs" / run_name)
         logged[rollout] = {tag: rows for tag, rows in scalars.items() if tag.startswith(("losses/", "charts/episodic",
                                                                                          "charts/test"))}  # fmt: skip
-        test_starts, half_starts = started.count((4, None)), started.count((4, 0))
-        assert (test_starts, half_starts) == {"plain": (0, 0), "folded": (128, 0), "pipelined": (128, 128)}[rollout]
+        test_starts, half_starts = started.count((4, None, False)), started.count((4, 0, False))
+        ping_pong = started.count((4, 0, True))  # pipelined: the first half's next step, started inside the last's
+        assert (test_starts, half_starts, ping_pong) == {"plain": (0, 0, 0), "folded": (128, 0, 0),
+                                                         "pipelined": (128, 2, 126)}[rollout]  # fmt: skip
         drawn[rollout] = collections.Counter(draws)
     assert logged["plain"]["charts/episodic_return"] and logged["plain"]["charts/test_episodic_return"]
     assert all(logs == logged["plain"] for logs in logged.values())
