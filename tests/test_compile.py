@@ -19,8 +19,19 @@ STAGES = {
 }
 
 
-@pytest.mark.parametrize("name", STAGES)
-def test_compiled_stages_log_the_losses_of_the_eager_ones(name, tmp_path, monkeypatch):
+# the algorithm's options compiled too (a GPU compiles by default): V-trace, prioritised sampling, RND, the KL stop and
+# the minibatch's advantages in PPO; PPG's own Adam for its auxiliary phase and RND
+OPTIONS = ["--vtrace", "--prio-alpha", "0.6", "--intrinsic-coef", "0.5", "--target-kl", "0.05", "--norm-adv-minibatch"]
+PPG_OPTIONS = ["--aux-optimizer", "separate", "--intrinsic-coef", "0.5"]
+RND_START = ["--rnd-obs-norm-steps", "8"]  # RND's observation statistics from a few random steps
+
+
+@pytest.mark.parametrize(
+    "name,extra",
+    [("ppo_procgen_full", []), ("ppo_procgen_full", OPTIONS), ("ppg_procgen_full", PPG_OPTIONS)],
+    ids=["ppo_procgen_full", "ppo_procgen_full-options", "ppg_procgen_full-options"],
+)
+def test_compiled_stages_log_the_losses_of_the_eager_ones(name, extra, tmp_path, monkeypatch):
     """Two iterations with the test envs and an annealed learning rate (set in place on the compiled optimizer's
     tensor), PPG's closing its phase: every loss, the learning rate and every episode's return as the eager run's."""
     script = load_script(name)
@@ -36,6 +47,7 @@ def test_compiled_stages_log_the_losses_of_the_eager_ones(name, tmp_path, monkey
     # as many test envs as training envs: the policy step's one graph serves both (a second batch size compiles a
     # second graph: 12 more C++ kernels for PPO, about 10% of the test's time where inductor's cache is cold)
     flags = [*SMALL, *NARROW, "--num-eval-envs", str(NUM_ENVS), "--anneal-lr", *(PPG if is_ppg(name) else [])]
+    flags += [*extra, *RND_START] if extra else []
     logged, tags = {}, ("losses/", "charts/learning_rate", "charts/episodic", "charts/test_episodic")
     for mode in ("off", "default"):
         monkeypatch.setattr(ScriptedProcgen, "made", [])  # the same games (numbered from 0) in each run
