@@ -5,7 +5,7 @@ and the figures that a CPU cannot give, gathered in GPU.md with the GPU, torch a
     python benchmarks/gpu.py --quick    # the same steps at tiny sizes on the CPU: checks that the kit runs
 
 The steps, each timed, each one's output kept beside GPU.md:
-  1. the CUDA tests: `python -m pytest -k "cuda or gpu"`;
+  1. the CUDA tests: `python -m pytest -k "cuda or gpu"`, tests/test_gpu.py's first (the GPU's defaults);
   2. `throughput.py --suite gpu --device cuda --reps 3`: the rows in the order of what we most need to know (the lean
      loop, then PPO's GPU defaults, CUDA graphs and the folded rollout; PPG's two alike, whole phases; then bf16 and
      each option alone), each the mean of whole iterations after a warm-up, the rows alternating; inductor's cache
@@ -80,7 +80,10 @@ def steps(opts):
     # -v: each test's outcome on its own line as it ends, so that a step stopped at its limit still names them
     pytest = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:benchmark"]
     quick = ["--quick"] if opts.quick else []
-    tests = ["tests/test_smoke.py"] if opts.quick else []
+    # test_gpu.py's first (their order is the workers' order): whether the GPU's defaults log the eager loop's numbers
+    apart = ("test_gpu.py", "test_benchmarks.py", "test_host_syncs.py")  # first; and the two left out (below)
+    files = sorted(f"tests/{path.name}" for path in (ROOT / "tests").glob("test_*.py") if path.name not in apart)
+    tests = ["tests/test_smoke.py"] if opts.quick else ["tests/test_gpu.py", *files]
     serial = ["-n", "0"] if opts.quick else []  # a check on a CPU skips every CUDA case: no worker per core
     rows = ["--only", *QUICK_ROWS] if opts.quick else []
     reps = [] if opts.quick else ["--reps", "3"]  # the speed rows repeated, alternating (the other steps: once)
