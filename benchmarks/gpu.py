@@ -6,12 +6,12 @@ and the figures that a CPU cannot give, gathered in GPU.md with the GPU, torch a
 
 The steps, each timed, each one's output kept beside GPU.md:
   1. the CUDA tests: `python -m pytest -k "cuda or gpu"`, tests/test_gpu.py's first (the GPU's defaults);
-  2. `throughput.py --suite gpu --device cuda --reps 3`: the rows in the order of what we most need to know (the lean
-     loop, then PPO's GPU defaults, CUDA graphs and the folded rollout; PPG's two alike, whole phases; then bf16 and
-     each option alone), each the mean of whole iterations after a warm-up, the rows alternating; inductor's cache
-     filled by one untimed compiled iteration first; each run killed past `--row-timeout` (2 minutes), a failing one
-     written with its exit status and last stderr lines, the CUDA graphs that inductor skipped named. Whether the
-     GPU's defaults are faster than the lean loop is read here;
+  2. `throughput.py --suite gpu --device cuda --reps 3 --only ...`: the lean loop, then PPO's GPU defaults (CUDA graphs
+     and the folded rollout), and PPG's two alike over whole phases, each the mean of whole iterations after a
+     warm-up, the rows alternating (the table's other rows, each option alone: the same command without `--only`);
+     inductor's cache filled by one untimed compiled iteration first; each run killed past `--row-timeout` (2
+     minutes), a failing one written with its exit status and last stderr lines, the CUDA graphs that inductor
+     skipped named. Whether the GPU's defaults are faster than the lean loop is read here;
   3. `throughput.py --suite machine --device cuda`: 1, 2, 3 and 4 runs of PPO at once, the machine's total;
   4. `throughput.py --suite host --device cuda`: each script's loop without the network, beside procgen alone;
   5. `python -m pytest tests/test_host_syncs.py -k cuda`: no host-device sync between two minibatches, and a rollout
@@ -41,8 +41,10 @@ HERE = Path(__file__).resolve().parent
 # (the first run, on an H200, 2026-11-26, with 150, 300, 75 and 45: the CUDA tests and the host side ran out, the
 # speed table measured 5 of its rows, the host-sync tests took 25 s)
 # (2026-11-27: the machine-full step added, 120 s for its four rows; the others cut to keep the sum at 9.5 minutes)
-# (2026-11-27: the speed rows 3 times each, the GPU's defaults and the lean loop first: the speed step given most)
-TIMEOUTS = {"CUDA tests": 120, "Speed options": 300, "Machine full": 90, "Host side": 40, "Host-device syncs": 20}
+# (2026-11-27: four speed rows 3 times each, the lean loop and the GPU's defaults, about 6 minutes on a GPU machine
+# by estimate (a row's start, its warm compile, 3 iterations); the machine full gets a minute, the host side and the
+# host-sync tests, measured before, what is left)
+TIMEOUTS = {"CUDA tests": 120, "Speed options": 360, "Machine full": 60, "Host side": 15, "Host-device syncs": 15}
 
 
 def run_step(cmd, timeout, env):
@@ -62,6 +64,9 @@ def run_step(cmd, timeout, env):
 
 
 QUICK_ROWS = ["PPO default (", "PPO eager, --rollout folded", "PPO eager, --rollout pipelined"]
+# the kit's speed rows, 3 repetitions each: the lean loop and the GPU's defaults, PPO's and PPG's (the others, each
+# option alone, once: `throughput.py --suite gpu --device cuda`)
+KIT_ROWS = ["PPO eager, --rollout plain", "PPO default (", "PPG eager", "PPG default"]
 
 
 def steps(opts):
@@ -85,7 +90,7 @@ def steps(opts):
     files = sorted(f"tests/{path.name}" for path in (ROOT / "tests").glob("test_*.py") if path.name not in apart)
     tests = ["tests/test_smoke.py"] if opts.quick else ["tests/test_gpu.py", *files]
     serial = ["-n", "0"] if opts.quick else []  # a check on a CPU skips every CUDA case: no worker per core
-    rows = ["--only", *QUICK_ROWS] if opts.quick else []
+    rows = ["--only", *(QUICK_ROWS if opts.quick else KIT_ROWS)]
     reps = [] if opts.quick else ["--reps", "3"]  # the speed rows repeated, alternating (the other steps: once)
     host_rows = ["--only", "PPO lean", "PPO full, --rollout pipelined"] if opts.quick else []
     return [
