@@ -5,6 +5,9 @@ Whether the GPU's defaults (the fast path) log the eager plain rollout's numbers
 is skipped without a GPU; run on a CPU with `--device cpu`, the CUDA-graph check failed as it should (a CPU run
 skips every graph: 11 in PPG's), and each assertion says what a GPU run saw."""
 
+import functools
+import signal
+
 import numpy as np
 import pytest
 import torch
@@ -79,3 +82,35 @@ def test_the_gpu_defaults_log_the_eager_plain_rollout_s_numbers(fast, tmp_path, 
     assert logged["eager"]["losses/approx_kl"][-1] > 0 and logged["fast"].keys() == logged["eager"].keys()
     for tag, values in logged["eager"].items():
         np.testing.assert_allclose(logged["fast"][tag], values, rtol=2e-3, atol=1e-5, err_msg=tag)
+
+
+@pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
+def test_a_run_at_the_gpu_defaults_resumes_where_it_stopped(name, tmp_path, monkeypatch):
+    """The campaign's chunks at the GPU's defaults (CUDA graphs, folded): a run stopped by SIGTERM in its third
+    iteration (PPG: inside its second phase) and resumed logs what the uninterrupted run logs after the checkpoint,
+    bit for bit, as the eager loop does (tests/test_checkpoint.py); where it does not, the message says by how much."""
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    flags = [*smoke_args(name), "--total-timesteps", "512", "--device", "cuda"]  # 4 iterations; PPG: 2 phases
+    straight = script.train(parse(script, [*flags, "--exp-name", "straight"]))
+    compute_gae, calls = script.compute_gae, []
+
+    @functools.wraps(compute_gae)  # its name: the advantages stay eager, where the signal is raised
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            signal.raise_signal(signal.SIGTERM)
+        return compute_gae(*args, **kwargs)
+
+    monkeypatch.setattr(script, "compute_gae", stopping)
+    with pytest.raises(SystemExit) as stop:
+        script.train(parse(script, [*flags, "--exp-name", "stopped"]))
+    assert stop.value.code == 128 + signal.SIGTERM
+    monkeypatch.setattr(script, "compute_gae", compute_gae)
+    (run_dir,) = (tmp_path / "runs").glob("*stopped*")
+    script.train(parse(script, [*flags, "--exp-name", "stopped", "--resume", str(run_dir)]))
+    a, b = read_scalars(tmp_path / "runs" / straight), read_scalars(run_dir)
+    for tag in [tag for tag in a if tag.startswith(("losses/", "charts/episodic", "charts/test_episodic"))]:
+        ours, theirs = [v for s, v in b[tag] if s > 384], [v for s, v in a[tag] if s > 384]
+        gap = max((abs(x - y) for x, y in zip(ours, theirs, strict=False)), default=0.0)
+        assert ours == theirs, f"{tag}: resumed {ours} against {theirs} (largest difference {gap:.3g})"
