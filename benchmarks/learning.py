@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -421,7 +422,8 @@ def phases(opts):
 
 # ── campaign: the protocol's long runs, each advanced a chunk at a time by whatever window of time there is ──
 PLAN = HERE / "campaign" / "plan.json"
-ITERATION_LINE = re.compile(r"^iter (\d+)/(\d+)  step (\d+)", re.M)  # a full file's console line after an iteration
+# a full file's console line after an iteration: the iteration, of how many, the step, the iteration's seconds
+ITERATION_LINE = re.compile(r"^iter (\d+)/(\d+)  step (\d+)  SPS \d+  \(([\d.]+)s/iter", re.M)
 
 
 def plan_runs(path):
@@ -541,6 +543,7 @@ class Chunk:
         with open(self.log, "a") as log:
             log.write(f"\n# campaign, chunk {self.status['chunks'] + 1}: {' '.join(cmd[1:])}\n")
         self.offset, self.iterations, self.signalled = self.log.stat().st_size, 0, None
+        self.timed, self.at_once = [], 1  # (steps, seconds) of each iteration; the most runs seen going at once
         print(f"campaign: {key}: " + ("resumes from " + str(ckpt) if ckpt else "starts"), flush=True)
         # a session of its own: a Ctrl-C at the terminal reaches the campaign, which stops each run with a checkpoint
         with open(self.log, "a") as log:
@@ -555,9 +558,16 @@ class Chunk:
             text = f.read()
         text = text[: text.rfind("\n") + 1]  # whole lines only
         self.offset += len(text.encode())
-        for iteration, iterations, step in ITERATION_LINE.findall(text):
+        for iteration, iterations, step, seconds in ITERATION_LINE.findall(text):
             self.iterations += 1
+            self.timed.append((int(step) - self.status["step"], float(seconds)))
             self.status.update(logged_iteration=int(iteration), iterations=int(iterations), step=int(step))
+
+    def speed(self):
+        """The chunk's steps per second over its iterations after its first (which compiles), the median; None with
+        fewer than two."""
+        rates = [steps / seconds for steps, seconds in self.timed[1:] if seconds > 0]
+        return round(statistics.median(rates)) if rates else None
 
     def signal(self, signum):
         """SIGTERM to the run (its handler finishes the iteration and writes a checkpoint); SIGKILL to the run and
@@ -574,6 +584,12 @@ class Chunk:
         self.read()
         code, status = self.proc.returncode, self.status
         status["chunks"] += 1
+        if self.speed() is not None:  # what one window measured: a run's pace with this many going at once
+            status["speed"] = {
+                "chunk": status["chunks"],
+                "steps_per_second": self.speed(),
+                "runs_at_once": self.at_once,
+            }
         ckpt = newest_checkpoint(self.dir)
         status["iteration"] = int(re.match(r"iter_(\d+)", ckpt.name)[1]) if ckpt else 0
         failed = code not in (0, 128 + signal.SIGTERM, -signal.SIGKILL)
@@ -623,6 +639,7 @@ def campaign(opts, extra):
                 live.append(Chunk(key, plan[key], opts.work, extra, opts.checkpoint_interval, {**os.environ, **share}))
             for chunk in live:
                 chunk.read()
+                chunk.at_once = max(chunk.at_once, len(live))
                 if stopping or (opts.chunk_iterations and chunk.iterations >= opts.chunk_iterations):
                     chunk.signal(signal.SIGTERM)  # finish the iteration, write a checkpoint, exit
                 if left < opts.margin / 3:
@@ -634,6 +651,12 @@ def campaign(opts, extra):
         except KeyboardInterrupt:
             print("campaign: stopping every run at its next checkpoint (Ctrl-C again: at once)", flush=True)
             stopping = True
+    paces = [read_status(opts.work / key).get("speed") for key in dict.fromkeys(key for key, _ in closed)]
+    paces = [pace for pace in paces if pace]
+    if paces:  # the machine's total at this many runs at once (throughput.py --suite machine measures it apart)
+        print(f"campaign: this window's runs, up to {max(p['runs_at_once'] for p in paces)} at once: "
+              f"{sum(p['steps_per_second'] for p in paces):,} steps/s in all, after each one's first iteration "
+              f"({', '.join(str(p['steps_per_second']) for p in paces)})", flush=True)  # fmt: skip
     for key in dict.fromkeys(key for key, _ in closed):
         size = pack(opts.work, opts.state, key, int(opts.part_mb * 2**20))
         print(f"campaign: {key}: packed into {opts.state}, {size / 2**20:.1f} MB", flush=True)
@@ -646,13 +669,15 @@ def campaign(opts, extra):
 def write_campaign_report(opts, plan):
     """CAMPAIGN.md: where each run of the plan stands; and each group's report at the steps its runs reached."""
     opts.report.mkdir(parents=True, exist_ok=True)
-    header = "| run | script | flags | step reached | of | done | chunks | notes |"
-    lines = [f"# The campaign: {opts.title}", "", header, "|---" * 8 + "|"]
+    header = "| run | script | flags | step reached | of | done | chunks | steps/s (its last timed chunk) | notes |"
+    lines = [f"# The campaign: {opts.title}", "", header, "|---" * 9 + "|"]
     for key, run in plan.items():
         s = read_status(opts.work / key)
+        pace = s.get("speed")
+        pace = f"{pace['steps_per_second']:,}, {pace['runs_at_once']} run(s) at once" if pace else ""
         lines.append(
             f"| {key} | {run['script']} | {' '.join(run['flags']) or '(defaults)'} | {s['step']:,} | "
-            f"{run['total_timesteps']:,} | {'yes' if s['done'] else 'no'} | {s['chunks']} | "
+            f"{run['total_timesteps']:,} | {'yes' if s['done'] else 'no'} | {s['chunks']} | {pace} | "
             f"{'; '.join(s['notes'])} |"
         )
     (opts.report / "CAMPAIGN.md").write_text("\n".join(lines) + "\n")

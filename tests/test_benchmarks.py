@@ -557,9 +557,14 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
-    assert f"{key}: starts" in campaign("chunked", "--chunk-iterations", "2")
+    out = campaign("chunked", "--chunk-iterations", "2")
+    assert f"{key}: starts" in out and "this window's runs, up to 1 at once:" in out
     first = json.loads((tmp_path / "chunked_work" / key / "campaign.json").read_text())
     assert not first["done"] and first["iteration"] in (2, 3) and first["step"] == 128 * first["iteration"]
+    # the run's pace after its first iteration, what a window on a GPU machine measures of it (runs at once: one)
+    assert first["speed"]["steps_per_second"] > 0 and first["speed"]["runs_at_once"] == 1, first
+    pace = f"| {first['speed']['steps_per_second']:,}, 1 run(s) at once |"
+    assert pace in (tmp_path / "chunked_report" / "CAMPAIGN.md").read_text()
     parts = sorted((tmp_path / "chunked").iterdir())
     assert len(parts) > 1 and all(p.stat().st_size <= limit for p in parts)  # a checkpoint of ~6 MB, in parts
     shutil.rmtree(tmp_path / "chunked_work")  # another machine: the packed parts alone travel
