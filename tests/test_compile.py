@@ -41,9 +41,9 @@ def test_compiled_stages_log_the_losses_of_the_eager_ones(name, extra, tmp_path,
     # the policy step one graph (a break is an error): the minibatches are cut where dynamo cuts any training step
     # (zero_grad, backward, the optimizer's step)
     whole = lambda fn: fn.__name__ == "policy_step"  # noqa: E731
-    # the options through dynamo and AOTAutograd without inductor's code generation (backend aot_eager): what they
-    # add is traced; inductor's kernels are the plain cases' (and, with the options, test_gpu.py's on a GPU)
-    backend = {"backend": "aot_eager"} if extra else {}
+    # PPO's options through dynamo and AOTAutograd without inductor's code generation (backend aot_eager): what they
+    # add is traced; inductor's kernels are PPO's plain case's and PPG's (with its options), and test_gpu.py's on a GPU
+    backend = {"backend": "aot_eager"} if extra and not is_ppg(name) else {}
 
     def compile_stage(fn, mode=None, **kw):
         compiled.append(fn.__name__)
