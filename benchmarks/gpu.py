@@ -85,8 +85,9 @@ def steps(opts):
     # -v: each test's outcome on its own line as it ends, so that a step stopped at its limit still names them
     pytest = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-p", "no:benchmark"]
     quick = ["--quick"] if opts.quick else []
-    # test_gpu.py's first (their order is the workers' order): whether the GPU's defaults log the eager loop's numbers
-    apart = ("test_gpu.py", "test_benchmarks.py", "test_host_syncs.py")  # first; and the two left out (below)
+    # test_gpu.py's first (their order is the workers' order): whether the GPU's defaults log the eager loop's numbers;
+    # the kit's own tests (which would run a nested kit) and the host-sync tests (the last step's) left out
+    apart = ("test_gpu.py", "test_benchmarks.py", "test_host_syncs.py")
     files = sorted(f"tests/{path.name}" for path in (ROOT / "tests").glob("test_*.py") if path.name not in apart)
     tests = ["tests/test_smoke.py"] if opts.quick else ["tests/test_gpu.py", *files]
     serial = ["-n", "0"] if opts.quick else []  # a check on a CPU skips every CUDA case: no worker per core
@@ -94,23 +95,10 @@ def steps(opts):
     reps = [] if opts.quick else ["--reps", "3"]  # the speed rows repeated, alternating (the other steps: once)
     host_rows = ["--only", "PPO lean", "PPO full, --rollout pipelined"] if opts.quick else []
     return [
-        # the kit's own tests (tests/test_benchmarks.py, which would run a nested kit) and the host-sync tests (the
-        # last step's) left out; each test's outcome in cuda_tests.xml when the step ends, in its log as it goes
+        # each test's outcome in cuda_tests.xml when the step ends, in its log as it goes
         (
             "CUDA tests",
-            [
-                *pytest,
-                *tests,
-                *serial,
-                "-k",
-                "cuda or gpu",
-                "--ignore",
-                "tests/test_benchmarks.py",
-                "--ignore",
-                "tests/test_host_syncs.py",
-                "--junitxml",
-                str(opts.out / "cuda_tests.xml"),
-            ],
+            [*pytest, *tests, *serial, "-k", "cuda or gpu", "--junitxml", str(opts.out / "cuda_tests.xml")],
             None,
         ),
         (

@@ -29,6 +29,11 @@ def gpus(monkeypatch):
     return with_count
 
 
+def devices_answer(monkeypatch):
+    """`torch.zeros(0, device=D)` answers with D, as it would where D exists: the device check passes."""
+    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: type("T", (), {"device": device})())
+
+
 def torchrun_env(monkeypatch, local_rank, world_size):
     for key, value in (("LOCAL_RANK", local_rank), ("RANK", local_rank), ("WORLD_SIZE", world_size)):
         monkeypatch.setenv(key, str(value))
@@ -79,7 +84,7 @@ def test_a_torchrun_process_takes_its_local_rank_s_gpu(name, local_rank, world_s
                                                        monkeypatch):  # fmt: skip
     asked = gpus(2)
     torchrun_env(monkeypatch, local_rank, world_size)
-    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: type("T", (), {"device": device})())
+    devices_answer(monkeypatch)
     script = load_script(name)
     args = parse(script, [*smoke_args(name), "--device", device])
     script.check_args(args)
@@ -104,9 +109,7 @@ def test_a_gpu_s_defaults_are_the_fast_path_and_a_cpu_s_the_lean_loop(name, worl
     """`--compile auto` and `--rollout auto`, the defaults, as `check_args` settles them on the device of the run."""
     gpus(2)
     torchrun_env(monkeypatch, 0, world_size)
-    zeros = torch.zeros
-    monkeypatch.setattr(torch, "zeros", lambda *a, device=None, **k: zeros(*a, **k) if device == "cpu" else
-                        type("T", (), {"device": device})())  # fmt: skip
+    devices_answer(monkeypatch)
     script = load_script(name)
     args = parse(script, [*smoke_args(name), *flags])
     script.check_args(args)

@@ -334,9 +334,8 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
     into the rollout's forward pass, and the training envs stepped in two halves, log every loss, return and test
     return of the plain rollout, bit for bit; and they did step ahead of `envs.step` (the test envs every step, the
     first half of the training envs too when pipelined, and then inside the envs' step but at a rollout's first). The
-    noise drawn ahead is drawn a step's at a time, in the
-    plain loops' shapes: a GPU's generator gives one tensor of all the steps other numbers (a CPU's does not, so the
-    shapes are what a CPU can check)."""
+    noise drawn ahead is drawn a step's at a time, in the plain loops' shapes: a GPU's generator gives one tensor of
+    all the steps other numbers (a CPU's does not, so the shapes are what a CPU can check)."""
     script = load_script(name)
     started, ahead, draws = [], script.plumbing.AheadSteps, []
     act_ahead, exponential_ = ahead.act_ahead, torch.Tensor.exponential_
@@ -356,10 +355,10 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
     flags = ["--env-id", "bigfish", "--num-envs", "8", "--num-steps", "64", "--total-timesteps", "1024",
              "--num-minibatches", "2", "--num-eval-envs", "4", "--device", "cpu", *NARROW,
              *(PPG[:-2] + ["--e-auxiliary", "2"] if is_ppg(name) else [])]  # fmt: skip
-    logged = {}
-    drawn = {}
+    logged, drawn = {}, {}
     for rollout in ("plain", "folded", "pipelined") if not is_ppg(name) else ("plain", "pipelined"):  # PPG: its share
-        started.clear(), draws.clear()
+        started.clear()
+        draws.clear()
         (tmp_path / rollout).mkdir()
         monkeypatch.chdir(tmp_path / rollout)
         run_name = script.train(parse(script, [*flags, "--rollout", rollout]))

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import GPU, assert_trained, load_script, parse, read_scalars, smoke_args
+from test_compile import OPTIONS as PPO_OPTIONS
+from test_compile import PPG_OPTIONS, RND_START
 
 pytestmark = pytest.mark.skipif(not GPU, reason="no GPU")
 
@@ -20,10 +22,7 @@ PPG_PHASE = ["--n-iteration", "1"]  # PPG closes a phase every iteration: its au
 
 
 # the algorithm's options at the GPU's defaults (CUDA graphs, folded), as test_compile.py runs them on a CPU
-OPTIONS = {
-    "ppo_procgen_full": ["--vtrace", "--prio-alpha", "0.6", "--intrinsic-coef", "0.5", "--rnd-obs-norm-steps", "8"],
-    "ppg_procgen_full": ["--aux-optimizer", "separate", "--intrinsic-coef", "0.5", "--rnd-obs-norm-steps", "8"],
-}
+OPTIONS = {"ppo_procgen_full": [*PPO_OPTIONS, *RND_START], "ppg_procgen_full": [*PPG_OPTIONS, *RND_START]}
 
 
 @pytest.mark.parametrize(
