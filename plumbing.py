@@ -34,16 +34,13 @@ if not (3, 10) <= sys.version_info[:2] <= (3, 13):  # no procgen package is buil
 
 
 def installed(name):
-    try:
+    with contextlib.suppress(ImportError, ValueError):  # ValueError: blocked in sys.modules
         return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # ValueError: blocked in sys.modules
-        return False
 
 
-for module in ("gymnasium", "numpy", "torch", "tyro", "tensorboard", ("procgen", "procgen_gym")):
-    if not any(installed(name) for name in (module if isinstance(module, tuple) else (module,))):
-        missing = module if isinstance(module, str) else "procgen"
-        sys.exit(f"{SCRIPT}.py: error: {missing} is not installed for Python {sys.version.split()[0]}: "
+for names in ("gymnasium", "numpy", "torch", "tyro", "tensorboard", "procgen procgen_gym"):  # procgen_gym: 3.13's
+    if not any(installed(name) for name in names.split()):
+        sys.exit(f"{SCRIPT}.py: error: {names.split()[0]} is not installed for Python {sys.version.split()[0]}: "
                  "pip install -r requirements.txt")  # fmt: skip
 
 import gymnasium as gym
@@ -67,10 +64,8 @@ ROLLOUT_FLAGS = ("env_id", "distribution_mode", "num_levels", "start_level", "nu
 
 
 # rllte's aliases: rllte's names for CleanRL's flags, `--lr 1e-3` for `--learning-rate 1e-3`
-RLLTE_ALIASES = {
-    "exp_name": "--tag", "init_model": "--init-model-path", "learning_rate": "--lr", "adam_eps": "--eps",
-    "gamma": "--discount", "minibatch_size": "--batch-size", "clip_coef": "--clip-range",
-}  # fmt: skip
+RLLTE_ALIASES = {"exp_name": "--tag", "init_model": "--init-model-path", "learning_rate": "--lr", "adam_eps": "--eps",
+                 "gamma": "--discount", "minibatch_size": "--batch-size", "clip_coef": "--clip-range"}  # fmt: skip
 
 
 def add_aliases(Args, aliases):
@@ -83,11 +78,9 @@ def add_aliases(Args, aliases):
 
 # Folded and pipelined rollouts [35]: the games step while the policy computes
 class AheadSteps:
-    """procgen's gym3 games in `parts` instances, each of whose next step may start (`act_ahead`) before the adapter's
-    `step` waits for them all. Parts are made with the games' states copied from the one instance of them all: procgen
-    seeds its games in order from one `rand_seed`, so parts seeded apart would play other levels. `between`, where set
-    (a pipelined rollout's), is called with the first part's observations as soon as they are in, while the others
-    still step."""
+    """procgen's gym3 games in `parts` instances, each of whose steps may start (`act_ahead`) before the adapter's
+    `step` waits for them all; made with the whole's games' states (procgen seeds games in order from one seed).
+    `between` (pipelined) is called with the first part's observations while the others still step."""
 
     def __init__(self, whole, parts, make):
         self.size, self.started, self.between = whole.num // parts, [False] * parts, None
@@ -115,8 +108,8 @@ class AheadSteps:
         seen += [part.observe() for part in self.parts[1:]]
         if len(seen) == 1:
             return seen[0]
-        rgb = np.concatenate([obs["rgb"] for _, obs, _ in seen])
-        return np.concatenate([r for r, _, _ in seen]), {"rgb": rgb}, np.concatenate([f for _, _, f in seen])
+        r, obs, first = zip(*seen, strict=True)
+        return np.concatenate(r), {"rgb": np.concatenate([o["rgb"] for o in obs])}, np.concatenate(first)
 
     def get_state(self):
         return [state for part in self.parts for state in part.get_state()]
@@ -127,17 +120,11 @@ class AheadSteps:
 
 
 class RolloutPolicy:
-    """One rollout's policy step: the lean loop's `policy_step(agent, next_obs)` (`--rollout plain`); folded, the test
-    envs' own forward pass follows the training envs' and starts their step at once (`step_test_envs` waits for it);
-    pipelined, each half of the training envs steps while the other half's actions are computed: the first half's
-    next actions are computed, and its step started, inside the envs' step, as soon as its games have answered and
-    while the second half's still step (`first_half_ahead`; the wrappers leave the observations as they are, so the
-    raw ones are what the next step's policy sees), and the second half's while the first half steps. The noise of
-    the whole rollout is drawn ahead, a step's at a time as the plain loops draw it (the test envs' from their own
-    generator): a GPU's generator gives one tensor of all the steps other numbers than it gives the steps one by one,
-    so only this logs what `--rollout plain` logs on a GPU too. The training envs' batch never holds the test envs'
-    observations, so a GPU, which may round a batch of another size otherwise, trains alike whatever the evaluation
-    flags are."""
+    """[35] One rollout's policy step: the lean loop's `policy_step` (`--rollout plain`); folded, the test envs' own
+    forward pass follows the training envs' and starts their step (`step_test_envs` waits for it); pipelined, each
+    half of the training envs steps while the other half's actions are computed (the first half's inside the envs'
+    step: `first_half_ahead`). The noise is drawn ahead a step's draw at a time, as the plain loop draws it (a GPU's
+    generator gives other numbers for one tensor of all the steps); the test envs' from their own generator."""
 
     def __init__(self, agent, policy_step, envs, test_envs, test_obs, args, to_device, iteration, log_episodes):
         self.eval_now = args.eval_interval > 0 and iteration % args.eval_interval == 0  # the test envs step now
@@ -206,8 +193,7 @@ class RolloutPolicy:
 
 
 class Timer:
-    """[32] Where an iteration's time goes: `lap(part)` adds the seconds since the last lap to `part` (none: to
-    nothing), logged as perf/{part}_seconds."""
+    """[32] `lap(part)` adds the seconds since the last lap to `part` (none: to nothing): perf/{part}_seconds."""
 
     def __init__(self):
         self.seconds, self.last = {}, time.perf_counter()
@@ -233,15 +219,13 @@ class StatusLine:
         return self.stream.write(text)
 
     def show(self, text):
-        """Draw `text` as the status line, at most 4 times a second so that the rollout does not wait on it."""
-        if time.time() - self.drawn > 0.25:
+        if time.time() - self.drawn > 0.25:  # at most 4 times a second: the rollout does not wait on it
             with contextlib.suppress(OSError):  # a failing terminal: console() below says nothing more either
                 self.stream.write(f"\r\033[K{text}")
                 self.stream.flush()
             self.shown, self.drawn = True, time.time()
 
-    def restore(self):
-        """Clear the status line; the terminal's own stream, to put back as sys.stdout."""
+    def restore(self):  # the terminal's own stream, to put back as sys.stdout
         if self.shown:
             with contextlib.suppress(OSError):
                 self.stream.write("\r\033[K")
@@ -266,8 +250,8 @@ def autocast_bf16(module):
 
 def agent_options(agent, envs, test_envs, args):
     """The agent on its device: the weights to start from (`--init-model`); bf16 autocast [31] of the encoders alone
-    (bf16 heads would round logits and values before the ratio; the heads are one small layer each); [35] the folded
-    or pipelined rollout's envs; [30] under torchrun rank 0's weights everywhere, and each process's own actions."""
+    (bf16 heads would round logits and values before the ratio); [35] the folded or pipelined rollout's envs; [30]
+    under torchrun rank 0's weights everywhere, and each process's own actions."""
     if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
         load_weights(agent, args.init_model, "init-model")
     for name, module in agent.named_children():
@@ -285,12 +269,10 @@ def agent_options(agent, envs, test_envs, args):
 
 # torch.compile [36]: the loop's stages, compiled
 def compiled_stages(stages, optimizers, device, args):
-    """The `stages` that `train` calls: as they are, or (`--compile`) each compiled whole but the
-    advantages. Compiled, the learning rate is a device tensor changed in place (`set_lr`) and on a GPU Adam keeps its
-    step counts there too (capturable), so the compiled optimizer step reads both without recompiling or waiting;
-    random draws inside a stage come from torch's own generator (inductor's `fallback_random`), so that a compiled run
-    draws what an eager one draws; with CUDA graphs (`reduce-overhead`) each call's outputs are copied out of the
-    graph's memory, which the next replay reuses"""
+    """The `stages` as they are, or (`--compile`) each compiled whole but the advantages: the learning rate a device
+    tensor changed in place (`set_lr`), Adam's step counts on a GPU too (capturable), so that the compiled step reads
+    them without recompiling or waiting; draws from torch's own generator (`fallback_random`), as eager runs draw;
+    with CUDA graphs (`reduce-overhead`) each call's outputs copied out of the memory that the next replay reuses."""
     if args.compile == "off":
         return stages
     import torch._inductor.config
@@ -380,13 +362,12 @@ def init_process_group(backend):
     # gloo's threads alive past destroy_process_group; one of them may then abort the process as Python exits
     import torch._dynamo  # noqa: F401
 
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return dist.init_process_group(backend)
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    store = dist.PrefixStore(f"round_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
-    dist.init_process_group(
-        backend, store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
-    )
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)
+    store = dist.PrefixStore(f"round_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+    dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]))
 
 
 def all_reduce_grads(params, world_size):
@@ -396,11 +377,8 @@ def all_reduce_grads(params, world_size):
     grads = [p.grad for p in params if p.grad is not None]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+    for g, mean in zip(grads, (flat / world_size).split([g.numel() for g in grads]), strict=True):
+        g.copy_(mean.view_as(g))
 
 
 def global_mean_std(x, world_size):
@@ -429,10 +407,7 @@ def gather_objects(obj, world_size, everywhere=True):
     if world_size == 1:
         return [obj]
     out = [None] * world_size if everywhere or dist.get_rank() == 0 else None
-    if everywhere:
-        dist.all_gather_object(out, obj)
-    else:
-        dist.gather_object(obj, out, dst=0)
+    dist.all_gather_object(out, obj) if everywhere else dist.gather_object(obj, out, dst=0)
     return out
 
 
@@ -448,11 +423,9 @@ class NullWriter:
 
 
 def join_processes(args, device):
-    """Under torchrun, join the process group; rank 0 alone prints. Every process, and every restart of the job,
-    agrees on the run's name, and a restarted job continues its run from the newest checkpoint. A new run gets a
-    directory that no other run has (made by rank 0, `_2`, `_3`, ... where other runs started in the same second or
-    share a named job's name); a named job's first attempt marks it as its own (`torchrun_job`: the job's name, and
-    the machine and torchrun agent of rank 0), and a restart of that job, and only it, finds it by that mark."""
+    """Under torchrun, join the process group (rank 0 alone prints). The run's name, agreed by every process: a new
+    run's directory is its own (`_2`, `_3`, ... where another has the name); a named job's first attempt marks it
+    (`torchrun_job`: the job, rank 0's machine and agent), and a restart of that job alone continues it."""
     if args.world_size > 1:
         init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
         if args.rank > 0:  # one process speaks for all
@@ -486,9 +459,8 @@ def join_processes(args, device):
 # Checkpoints [25]: everything a run needs to continue exactly, procgen's games included, written atomically
 def env_state(envs):
     """Procgen's game states (exact: its level generator too) and the statistics of every wrapper around it."""
-    state, env = [], envs
+    state, env, kept = [], envs, (np.ndarray, deque, gym.wrappers.utils.RunningMeanStd, int, float)
     while isinstance(env, gym.vector.VectorWrapper):
-        kept = (np.ndarray, deque, gym.wrappers.utils.RunningMeanStd, int, float)
         state.append({k: copy.deepcopy(v) for k, v in vars(env).items() if isinstance(v, kept)})
         env = env.env
     return {"wrappers": state, "procgen": env.env.get_state(), "video_episode": env.video_episode}
@@ -556,16 +528,13 @@ class WholeWrites:
     `torch.save` would take a short write for a broken archive and say only that."""
 
     def __init__(self, file):
-        self.file = file
+        self.file, self.flush = file, lambda: None  # unbuffered: nothing waits
 
     def write(self, data):
         view = memoryview(data).cast("B")
         while view:
             view = view[self.file.write(view) :]
         return len(data)
-
-    def flush(self):  # unbuffered: nothing waits
-        pass
 
 
 NOT_WRITTEN = {}  # by run directory, what the run was asked to write and could not: {"checkpoint": path, "model": path}
@@ -593,10 +562,9 @@ def exit_unless_kept(run_dir):
 
 
 def save_checkpoint(run_dir, name, state, keep=None, kept=None):
-    """Write to a temporary file, flush it to disk, then rename: a kill at any moment leaves the old files whole. A
-    write that fails (a full disk, a quota) removes its temporary file, says why in one line and returns None. Then
-    the `keep` newest are kept: of the checkpoints written before this one (whose names sort before it: a resume set
-    the newer ones aside), the oldest go, never this one nor `kept`, the checkpoint the run resumed from."""
+    """Write a temporary file, flush it to disk, rename it: a kill at any moment leaves the old files whole. A failed
+    write (a full disk, a quota) is removed, said in one line, and returns None. Then the `keep` newest stay: of the
+    checkpoints named before this one, the oldest go, never `kept` (the checkpoint the run resumed from)."""
     path = f"{run_dir}/checkpoints/{name}"
     if not os.path.isdir(run_dir):  # removed mid-run: not made again (keeps_process_settings stops the run)
         raise FileNotFoundError(errno.ENOENT, "the run directory is gone", run_dir)
@@ -729,10 +697,9 @@ def hold_run(run_dir, args):
 
 
 def set_aside_newer(ckpt, run_dir):
-    """Rank 0, holding the run: a `*.tmp` that a write cut short (a second signal, a crash) left goes; a resume from a
-    checkpoint older than its run's newest abandons the newer ones (and any that did not read), which move to
-    `checkpoints/abandoned/`, so that rotation, a later `--resume RUN_DIR` and a torchrun restart all follow the line
-    that goes on from here."""
+    """Rank 0, holding the run: a `*.tmp` that a cut write left goes; a resume from an older checkpoint than its run's
+    newest moves the newer ones to `checkpoints/abandoned/`: rotation, `--resume RUN_DIR` and torchrun restarts follow
+    the line that goes on from here."""
     for tmp in glob.glob(f"{glob.escape(run_dir)}/checkpoints/*.tmp"):
         os.remove(tmp)
     found = sorted(glob.glob(f"{glob.escape(run_dir)}/checkpoints/iter_*.pt")) if ckpt else []
@@ -752,9 +719,7 @@ def load_weights(agent, path, flag):
     weights = weights["model"] if isinstance(weights, dict) and "model" in weights else weights
     own = agent.state_dict()  # RND's per-env state is sized by the process count of its run: not carried over
     if isinstance(weights, dict):
-        weights = {
-            k: v for k, v in weights.items() if not k.startswith("rnd.") or getattr(own.get(k), "shape", 0) == v.shape
-        }
+        weights = {k: v for k, v in weights.items() if k[:4] != "rnd." or getattr(own.get(k), "shape", 0) == v.shape}
     try:
         missing, unexpected = agent.load_state_dict(weights, strict=False)
     except (RuntimeError, TypeError, AttributeError) as exc:
@@ -767,10 +732,8 @@ def load_weights(agent, path, flag):
 
 
 def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args, aux_optimizer=None):
-    """Continue exactly where `ckpt` stopped: the weights, the optimizers (a separate auxiliary one starts afresh if
-    the checkpoint has none), this process's games with their wrappers' statistics, its random states, and the
-    console's averages. This process's part of the checkpoint, whose next observations (and PPG's phase so far) the
-    caller takes back."""
+    """Continue exactly where `ckpt` stopped: the weights, the optimizers (a separate auxiliary one afresh if the
+    checkpoint has none), this process's games and wrappers, random states, the console's averages; its part."""
     agent.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     if aux_optimizer is not None and aux_optimizer is not optimizer and ckpt.get("aux_optimizer") is not None:
@@ -870,9 +833,8 @@ class Run:
         signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped; {self.dir} has what finished"))
 
     def event_writer(self):
-        """Rank 0's TensorBoard writer (the other processes log nothing), and the console line of what runs where. On
-        a resume the log goes on: events after the checkpoint's step, left by the interrupted run, are dropped (all of
-        them where a restarted torchrun job starts anew in its directory, having no checkpoint)."""
+        """Rank 0's TensorBoard writer and the console line of what runs where; on a resume, the events after the
+        checkpoint's step (all, for a torchrun job restarted without one) are dropped."""
         args, purge_step = self.args, self.ckpt["global_step"] + 1 if self.ckpt else 0
         writer = NullWriter()
         if args.rank == 0:
@@ -889,11 +851,9 @@ class Run:
             return make_dir(f"videos/{self.name}", "capture-video")
 
     def resume(self, agent, optimizers, envs, test_envs, recent, writer, *state):
-        """Keep what the checkpoints save and the log; with a checkpoint, continue exactly where it stopped (the
-        weights, the optimizers, the games with their wrappers' statistics, the random states, the console's
-        averages): `state` (the step, the next observations and dones, the test envs' observations) as it has them,
-        else as given. This process's part of it (PPG's phase so far) stays in `mine`. Then the stop signals'
-        handler."""
+        """Keep what the checkpoints save; with a checkpoint, continue where it stopped (`restore_run`): `state` (the
+        step, next observations and dones, test observations) as it has them; this process's part (PPG's phase so
+        far) in `mine`. Then the stop signals' handler."""
         self.agent, self.optimizers, self.envs, self.test_envs = agent, optimizers, envs, test_envs
         self.recent, self.writer, (global_step, next_obs, next_done, test_obs) = recent, writer, state
         if self.ckpt:
@@ -928,8 +888,7 @@ class Run:
 
     def log(self, iteration, global_step, logged, episodes, began, seconds):
         """The iteration's scalars (their mean over the processes [30]), the `seconds` of its parts and since it
-        `began` (rank 0's, [32]), every process's episodes [11] and the console line; the returns join the console's
-        averages."""
+        `began` (rank 0's, [32]), every process's episodes [11] (the console's averages) and the console line."""
         args, writer = self.args, self.writer
         for tag, value in zip(logged, rank_reduce(list(logged.values()), args.world_size), strict=True):
             writer.add_scalar(tag, value, global_step)
@@ -951,9 +910,8 @@ class Run:
         return {"iteration": iteration - 1, **copy.deepcopy(state)}
 
     def guard(self, stats, last_good, iteration):
-        """[26] A loss or a parameter not finite on any process stops the run (status 3) before it reaches a
-        checkpoint: rank 0 writes the weights from before this iteration as a diagnostic checkpoint and says which
-        quantity went bad."""
+        """[26] A loss or a parameter not finite on any process stops the run (status 3) before a checkpoint: rank 0
+        writes the weights from before this iteration as a diagnostic checkpoint and names what went bad."""
         watched = {f"losses/{name}": stats[name] for name in ("policy_loss", "value_loss", "entropy")}
         watched |= dict(self.agent.named_parameters())
         finite = torch.stack([torch.isfinite(value).all() for value in watched.values()]).tolist()  # one wait
@@ -985,10 +943,9 @@ class Run:
         return int(rank_reduce([self.stop.signum or 0], self.args.world_size, mean=False)[0])
 
     def write(self, iteration, global_step, mine, aux_epoch=0):
-        """The run's state after `iteration` (and `aux_epoch` epochs of its auxiliary phase): the weights, the
-        optimizers (the policy phase's, and the auxiliary phase's where it has its own) and every process's own part
-        (`mine`), gathered and written by rank 0. Its path; None where it could not be written (the warning said why,
-        and the next checkpoint tries again) or on the other ranks."""
+        """The run's state after `iteration` (and `aux_epoch` auxiliary epochs): the weights, the optimizers and every
+        process's part (`mine`), written by rank 0. Its path; None on the other ranks or where it was not written."""
+
         args, optimizers = self.args, self.optimizers
         ranks = gather_objects(mine, args.world_size, everywhere=False)
         if args.rank > 0:
