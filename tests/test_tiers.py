@@ -210,7 +210,7 @@ def test_the_full_files_share_only_the_algorithm_and_its_options():
     assert not differ, "\n".join(f"{key}:\n  " + "\n  ".join(lines) for key, lines in differ.items())
 
 
-# The sizes a researcher reads (issue 71's targets): each full file, the plumbing module, and train() in each full file
+# The sizes a researcher reads (issue 71's targets): each full file, and train() in each
 FULL_LINES = {"ppo_procgen_full": 1_100, "ppg_procgen_full": 1_350}
 TRAIN_LINES = 200
 
