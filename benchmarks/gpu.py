@@ -12,7 +12,7 @@ The steps, each timed, each one's output kept beside GPU.md:
      inductor's cache filled by one untimed compiled iteration first; each run killed past `--row-timeout` (2
      minutes), a failing one written with its exit status and last stderr lines, the CUDA graphs that inductor
      skipped named. Whether the GPU's defaults are faster than the lean loop is read here;
-  3. `throughput.py --suite machine --device cuda`: 1, 2, 3 and 4 runs of PPO at once, the machine's total;
+  3. `throughput.py --suite machine --device cuda`: 4, 1, 2 and 3 runs of PPO at once (four first), the machine's total;
   4. `throughput.py --suite host --device cuda`: each script's loop without the network, beside procgen alone;
   5. `python -m pytest tests/test_host_syncs.py -k cuda`: no host-device sync between two minibatches, and a rollout
      step's waits no more than its copies back.

@@ -451,6 +451,34 @@ def test_the_host_table_names_each_row_not_run_yet(tmp_path, monkeypatch):
     assert throughput.NOT_RUN not in (tmp_path / "HOST.md").read_text()  # every row ran
 
 
+def test_the_machine_table_measures_four_runs_first_and_lists_the_rows_in_order(tmp_path, monkeypatch):
+    """The machine full: four runs at once first (the figure a GPU machine's target is set in), one alone next (each
+    row's ratio is against it), so that a kit step stopped at its time limit has measured those two; the table lists
+    the rows in order whatever order they ran in, one that timed out or has not run yet said so."""
+    import throughput
+
+    ran, tables = [], []
+
+    def together(n, flags, iterations, batch, opts):
+        tables.append((tmp_path / "MACHINE.md").read_text() if ran else "")
+        ran.append(n)
+        if n == 2:
+            raise TimeoutError
+        return {"total": 100.0 * n, "per_run": 100.0}
+
+    monkeypatch.setattr(throughput, "together", together)
+    argv = ["throughput.py", "--suite", "machine", "--reps", "1", "--timeout", "60", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match="1 row"):  # the one that timed out
+        throughput.main()
+    assert ran == [4, 1, 2, 3]
+    rows = [line.split("|")[1:-1] for line in tables[1].splitlines() if line[:2] == "| " and line[2].isdigit()]
+    assert [int(row[0]) for row in rows] == [1, 2, 3, 4] and rows[3][1].strip() == "400", rows  # four, measured first
+    assert all(throughput.NOT_RUN in row[1] for row in rows[:3]), rows
+    final = (tmp_path / "MACHINE.md").read_text()
+    assert "| 1 | 100 | 100 | 1.00x |" in final and "| 4 | 400 | 100 | 4.00x |" in final and "| 2 | timed out" in final
+
+
 def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tmp_path, monkeypatch):
     """The GPU suite's compiled rows: one untimed compiled iteration before the first of them (and only then), its
     seconds under the table; a CUDA-graph row whose run said inductor skipped graphs is named with the count and the
