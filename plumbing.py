@@ -407,7 +407,10 @@ def gather_objects(obj, world_size, everywhere=True):
     if world_size == 1:
         return [obj]
     out = [None] * world_size if everywhere or dist.get_rank() == 0 else None
-    dist.all_gather_object(out, obj) if everywhere else dist.gather_object(obj, out, dst=0)
+    if everywhere:
+        dist.all_gather_object(out, obj)
+    else:
+        dist.gather_object(obj, out, dst=0)
     return out
 
 
@@ -528,13 +531,16 @@ class WholeWrites:
     `torch.save` would take a short write for a broken archive and say only that."""
 
     def __init__(self, file):
-        self.file, self.flush = file, lambda: None  # unbuffered: nothing waits
+        self.file = file
 
     def write(self, data):
         view = memoryview(data).cast("B")
         while view:
             view = view[self.file.write(view) :]
         return len(data)
+
+    def flush(self):  # unbuffered: nothing waits
+        pass
 
 
 NOT_WRITTEN = {}  # by run directory, what the run was asked to write and could not: {"checkpoint": path, "model": path}
@@ -719,7 +725,9 @@ def load_weights(agent, path, flag):
     weights = weights["model"] if isinstance(weights, dict) and "model" in weights else weights
     own = agent.state_dict()  # RND's per-env state is sized by the process count of its run: not carried over
     if isinstance(weights, dict):
-        weights = {k: v for k, v in weights.items() if k[:4] != "rnd." or getattr(own.get(k), "shape", 0) == v.shape}
+        weights = {
+            k: v for k, v in weights.items() if not k.startswith("rnd.") or getattr(own.get(k), "shape", 0) == v.shape
+        }
     try:
         missing, unexpected = agent.load_state_dict(weights, strict=False)
     except (RuntimeError, TypeError, AttributeError) as exc:
@@ -733,7 +741,9 @@ def load_weights(agent, path, flag):
 
 def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args, aux_optimizer=None):
     """Continue exactly where `ckpt` stopped: the weights, the optimizers (a separate auxiliary one afresh if the
-    checkpoint has none), this process's games and wrappers, random states, the console's averages; its part."""
+    checkpoint has none), this process's games and wrappers, random states, the console's averages. Returns this
+    process's part of the checkpoint (its next observations; PPG's phase so far)."""
+
     agent.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     if aux_optimizer is not None and aux_optimizer is not optimizer and ckpt.get("aux_optimizer") is not None:
@@ -945,7 +955,6 @@ class Run:
     def write(self, iteration, global_step, mine, aux_epoch=0):
         """The run's state after `iteration` (and `aux_epoch` auxiliary epochs): the weights, the optimizers and every
         process's part (`mine`), written by rank 0. Its path; None on the other ranks or where it was not written."""
-
         args, optimizers = self.args, self.optimizers
         ranks = gather_objects(mine, args.world_size, everywhere=False)
         if args.rank > 0:
