@@ -584,12 +584,9 @@ class Chunk:
         self.read()
         code, status = self.proc.returncode, self.status
         status["chunks"] += 1
-        if self.speed() is not None:  # what one window measured: a run's pace with this many going at once
-            status["speed"] = {
-                "chunk": status["chunks"],
-                "steps_per_second": self.speed(),
-                "runs_at_once": self.at_once,
-            }
+        pace = self.speed()
+        if pace is not None:  # what one window measured: a run's pace with this many going at once
+            status["speed"] = {"chunk": status["chunks"], "steps_per_second": pace, "runs_at_once": self.at_once}
         ckpt = newest_checkpoint(self.dir)
         status["iteration"] = int(re.match(r"iter_(\d+)", ckpt.name)[1]) if ckpt else 0
         failed = code not in (0, 128 + signal.SIGTERM, -signal.SIGKILL)

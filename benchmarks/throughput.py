@@ -17,7 +17,6 @@ It measures, on this machine and in this one run:
   (f) with --suite host, what is not the network: each script's own train() with the network replaced by one
       learned feature vector (a policy that ignores the image) and a one-minibatch update, beside procgen alone;
   (g) with --suite machine, the machine full: 4, 1, 2 and 3 runs of the full PPO file at once, each at the defaults,
-
       the sum of their steps per second (MACHINE.md): how many runs a sweep or the protocol's campaign should share it.
 Each configuration runs as its own process of the real script; figures are medians over the repetitions.
 Results go to RESULTS.md and throughput.png in --out: this folder by default, and with --quick its quick/

@@ -2,6 +2,7 @@
 
 import copy
 import fcntl
+import functools
 import os
 import shutil
 import signal
@@ -43,6 +44,7 @@ def sigterm_at_call(monkeypatch, script, name, n):
     """`script.name` raises a real SIGTERM at its n-th call; the list that counts its calls."""
     fn, calls = getattr(script, name), []
 
+    @functools.wraps(fn)  # its name: a compiled run keeps the advantages (`compute_gae`) eager by it
     def wrapper(*args):
         calls.append(1)
         if len(calls) == n:

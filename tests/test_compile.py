@@ -83,7 +83,6 @@ def test_ppg_compiles_once_across_its_auxiliary_phases(tmp_path, monkeypatch):
     guards failing, whatever backend compiles the graphs: traced through AOTAutograd without inductor's code
     generation (aot_eager): 17 s in a process of its own on a 2-core CPU, against 69 s with inductor and its cache
     cold, as a fresh machine has it."""
-
     import logging
 
     import torch._dynamo.guards

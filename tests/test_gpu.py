@@ -5,13 +5,13 @@ Whether the GPU's defaults (the fast path) log the eager plain rollout's numbers
 is skipped without a GPU; run on a CPU with `--device cpu`, the CUDA-graph check failed as it should (a CPU run
 skips every graph: 11 in PPG's), and each assertion says what a GPU run saw."""
 
-import functools
 import signal
 
 import numpy as np
 import pytest
 import torch
 from conftest import GPU, assert_trained, load_script, parse, read_scalars, smoke_args
+from test_checkpoint import after, sigterm_at_call
 from test_compile import OPTIONS as PPO_OPTIONS
 from test_compile import PPG_OPTIONS, RND_START
 
@@ -92,24 +92,16 @@ def test_a_run_at_the_gpu_defaults_resumes_where_it_stopped(name, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     flags = [*smoke_args(name), "--total-timesteps", "512", "--device", "cuda"]  # 4 iterations; PPG: 2 phases
     straight = script.train(parse(script, [*flags, "--exp-name", "straight"]))
-    compute_gae, calls = script.compute_gae, []
-
-    @functools.wraps(compute_gae)  # its name: the advantages stay eager, where the signal is raised
-    def stopping(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 3:
-            signal.raise_signal(signal.SIGTERM)
-        return compute_gae(*args, **kwargs)
-
-    monkeypatch.setattr(script, "compute_gae", stopping)
+    compute_gae = script.compute_gae
+    sigterm_at_call(monkeypatch, script, "compute_gae", 3)  # the advantages stay eager, where the signal is raised
     with pytest.raises(SystemExit) as stop:
         script.train(parse(script, [*flags, "--exp-name", "stopped"]))
     assert stop.value.code == 128 + signal.SIGTERM
     monkeypatch.setattr(script, "compute_gae", compute_gae)
     (run_dir,) = (tmp_path / "runs").glob("*stopped*")
     script.train(parse(script, [*flags, "--exp-name", "stopped", "--resume", str(run_dir)]))
-    a, b = read_scalars(tmp_path / "runs" / straight), read_scalars(run_dir)
+    a, b = after(read_scalars(tmp_path / "runs" / straight), 384), after(read_scalars(run_dir), 384)
     for tag in [tag for tag in a if tag.startswith(("losses/", "charts/episodic", "charts/test_episodic"))]:
-        ours, theirs = [v for s, v in b[tag] if s > 384], [v for s, v in a[tag] if s > 384]
+        ours, theirs = [v for _, v in b[tag]], [v for _, v in a[tag]]
         gap = max((abs(x - y) for x, y in zip(ours, theirs, strict=False)), default=0.0)
         assert ours == theirs, f"{tag}: resumed {ours} against {theirs} (largest difference {gap:.3g})"
