@@ -139,10 +139,9 @@ GPU = torch.cuda.is_available() or bool(nvidia_gpus())
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not GPU, reason="no GPU"))]
 
 
-# The full files' tests run a narrow network: what they check (checkpoints, the features, the command line) does not
-# depend on its size, and a full PPG run at the smoke sizes takes about a quarter of the time. The smoke tier, the
-# tiers' parity (each file at its defaults) and the loop tests, whose checks of ratios and clipping need the default
-# network's updates, keep the default.
+# The tests run a narrow network: what they check (checkpoints, the features, the command line, the loop's batch and
+# each loss term's sign and weight) does not depend on its size, and a full PPG run at the smoke sizes takes about a
+# quarter of the time. The smoke tier and the tiers' parity (each file at its defaults) keep the default.
 NARROW = ["--cnn-channels", "2"]  # one stack of 2 channels
 
 

@@ -16,7 +16,7 @@ import torch
 from conftest import NARROW, ROOT, load_script, parse, read_scalars, smoke_args
 from scripted_env import Recorder, ids
 from test_distributed import torchrun
-from test_loop import NUM_ENVS, NUM_STEPS, PPG, SMALL, hand_gae, is_ppg, train
+from test_loop import NUM_ENVS, NUM_STEPS, PPG, SMALL, epochs_flag, hand_gae, is_ppg, train
 
 SCRIPTS = ["ppo_procgen_full", "ppg_procgen_full"]
 
@@ -220,7 +220,7 @@ def test_rnd_s_predictor_learns_inside_train(name, tmp_path, monkeypatch):
         monkeypatch.setattr(script.RND, "intrinsic_reward", keep_the_first)
 
     flags = ["--intrinsic-coef", "0.5", "--rnd-obs-norm-steps", "8", "--total-timesteps", str(8 * NUM_ENVS * NUM_STEPS)]
-    flags += ["--learning-rate", "1e-3"]
+    flags += ["--learning-rate", "1e-3", *epochs_flag(name, 3)]  # PPG's 3 policy epochs: PPO's predictor steps
     recorder, _ = train(name, monkeypatch, tmp_path, flags, patch=patch)
     rnd, obs = recorder.agents[0].rnd, training_obs(recorder)[-NUM_STEPS:].flatten(0, 1)
     with torch.no_grad():
