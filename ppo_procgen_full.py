@@ -598,13 +598,24 @@ def vtrace_epoch(agent, epoch, batch, rewards, dones, next_value, next_obs, next
     return advantages, (rewards.reshape(-1), dones.reshape(-1), next_value[0], next_done, refreshed)
 
 
-def vtrace_part(vtrace, mb_inds, rho_clipped):
-    """[28] What a minibatch of whole segments needs for V-trace: its rewards and dones, its segments' bootstrap values
-    and dones (the segments are the first step's samples), the values to refresh, its samples, and the clip counter."""
-    rewards, dones, next_value, next_done, b_values = vtrace
+def vtrace_part(vtrace, mb_inds):
+    """[28] What a minibatch of whole segments needs for V-trace: its rewards and dones, and its segments' bootstrap
+    values and dones (the segments are the first step's samples)."""
+    rewards, dones, next_value, next_done, _ = vtrace
     segments = mb_inds[: len(mb_inds) * len(next_value) // len(rewards)]  # the samples of the first step
     mb_next = (next_value[segments], next_done[segments])
-    return plumbing.take(rewards, mb_inds), plumbing.take(dones, mb_inds), *mb_next, b_values, mb_inds, rho_clipped
+    return plumbing.take(rewards, mb_inds), plumbing.take(dones, mb_inds), *mb_next
+
+
+def vtrace_refresh(vtrace, mb_inds, rho_clipped, stats):
+    """[28] After a minibatch's step, the loop's writes of what the step returned (in the stage, a write into a tensor
+    it is given would cost it its CUDA graph: [36]): the clip counter adds the minibatch's clipped share, and the
+    values in the copy of the buffer become those the step's forward pass computed (Metta: the values refreshed).
+    Nothing without V-trace (`vtrace` None)."""
+    if vtrace is None:
+        return
+    rho_clipped.add_(stats.pop("vtrace_rho_clipped"))
+    vtrace[-1].index_copy_(0, mb_inds, stats.pop("vtrace_values"))
 
 
 def option_stats(rho_clipped, minibatches, weight_means, intrinsic, args: Args):
@@ -649,7 +660,7 @@ def update_minibatch(agent, optimizer, mb, args: Args):
     # ── V-trace [28], Metta's PPO loss ──: the value targets are the epoch's GAE advantages plus the values as they
     # are now; the policy's advantages are V-trace's over the minibatch's env segments, with its own ratios
     if mb_vtrace is not None:
-        mb_rewards, mb_dones, mb_next_value, mb_next_done, b_values, mb_inds, rho_clipped = mb_vtrace
+        mb_rewards, mb_dones, mb_next_value, mb_next_done = mb_vtrace
         mb_returns = mb_advantages + mb_values
         with torch.no_grad():
             r, v, d, rho = (x.view(args.num_steps, -1) for x in (mb_rewards, mb_values, mb_dones, ratio))  # a column
@@ -659,8 +670,10 @@ def update_minibatch(agent, optimizer, mb, args: Args):
             if args.norm_adv:  # [17] Metta normalises each minibatch's V-trace advantages
                 mb_mean, mb_std = plumbing.global_mean_std(mb_advantages, args.world_size)
                 mb_advantages = (mb_advantages - mb_mean) / (mb_std + 1e-8)
-            rho_clipped.add_((ratio > args.vtrace_rho_clip).float().mean())
-            b_values.index_copy_(0, mb_inds, newvalue[:, 0].detach())  # Metta: the buffer's values refreshed
+            # for the loop to write (vtrace_refresh): the clipped share, and the values the buffer's copy takes
+            vtrace_writes = dict(
+                vtrace_rho_clipped=(ratio > args.vtrace_rho_clip).float().mean(), vtrace_values=newvalue[:, 0]
+            )
     # ── end V-trace ──
     # ── per-minibatch advantages [17]: baselines' PPO2's normalisation (numpy's std: the population's) ──: of the
     # policy's advantages alone (with V-trace, after its value targets are taken from the epoch's GAE)
@@ -674,6 +687,7 @@ def update_minibatch(agent, optimizer, mb, args: Args):
     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
     stats = dict(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss, approx_kl=approx_kl)
     stats |= dict(old_approx_kl=old_approx_kl, clipfrac=clipfrac)
+    stats |= vtrace_writes if mb_vtrace is not None else {}  # [28] V-trace's, for the loop to write
     # ── RND [33]: the predictor learns on a random share of each minibatch ──
     if args.intrinsic_coef > 0:
         share = torch.rand(len(mb_obs), device=mb_obs.device) < args.rnd_update_proportion
@@ -834,10 +848,11 @@ def train(args: Args):
                     agent, epoch, batch, rewards, dones, next_value, next_obs, next_done, args
                 )
             for mb_inds, mb_weights in minibatches(advantages, args, beta):  # [29]
-                mb_vtrace = vtrace and vtrace_part(vtrace, mb_inds, rho_clipped)  # [28] None without V-trace
+                mb_vtrace = vtrace and vtrace_part(vtrace, mb_inds)  # [28] None without V-trace
                 mb = {key: plumbing.take(x, mb_inds) for key, x in batch.items()}  # [8] by name
                 mb |= dict(weights=mb_weights, vtrace=mb_vtrace)  # [29], [28]
                 stats = update_minibatch(agent, optimizer, mb, args)
+                vtrace_refresh(vtrace, mb_inds, rho_clipped, stats)  # [28] the loop writes what V-trace's step returned
                 clipfracs.append(stats["clipfrac"])
                 if mb_weights is not None:  # [29]
                     mb_weight_means.append(mb_weights.mean())

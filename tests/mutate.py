@@ -156,8 +156,10 @@ MUTANTS = [
     *[(full, old, new, f"{full[:3].upper()} full: {what}") for full in (PPO_FULL, PPG_FULL) for old, new, what in [
         ("args.gae_lambda, rho, *clips)", "args.gae_lambda)",
          "V-trace's minibatch advantages without the ratios (GAE)"),
-        ("b_values.index_copy_(0, mb_inds, newvalue[:, 0].detach())", "pass",
+        ('vtrace[-1].index_copy_(0, mb_inds, stats.pop("vtrace_values"))', 'stats.pop("vtrace_values")',
          "V-trace: the values never refreshed after a minibatch"),
+        ('rho_clipped.add_(stats.pop("vtrace_rho_clipped"))', 'stats.pop("vtrace_rho_clipped")',
+         "V-trace: the clipped ratios never counted"),
         ("mb_returns = mb_advantages + mb_values", "pass", "V-trace: the value targets the rollout's GAE returns"),
         ("else agent.get_value(next_obs).reshape(1, -1)", "else next_value",
          "V-trace: the bootstrap value not refreshed at an epoch's start"),

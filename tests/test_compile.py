@@ -5,7 +5,7 @@ and PPG with its auxiliary phase), within fp32 rounding grown over two iteration
 import numpy as np
 import pytest
 import torch
-from conftest import NARROW, load_script, parse, read_scalars
+from conftest import NARROW, assert_trained, load_script, parse, read_scalars
 from scripted_env import Bandit, ScriptedProcgen
 from test_loop import NUM_ENVS, NUM_STEPS, PPG, SMALL, is_ppg
 
@@ -114,3 +114,45 @@ def test_ppg_compiles_once_across_its_auxiliary_phases(tmp_path, monkeypatch):
     assert [step for step, _ in scalars["losses/aux/kl_loss"]] == [batch, 2 * batch, 3 * batch]
     first = recompiles[0] if recompiles else ["", "", ""]
     assert len(recompiles) == 1 and "function step" in first[0] and "grad is None" in first[2], recompiles
+
+
+def given_tensors(value):
+    """The tensors among a stage's arguments, in dicts, tuples and lists; the network, the optimizer and Args hold
+    none here (their weights and states are a CUDA graph's static inputs, which it may write)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [t for v in value for t in given_tensors(v)] if isinstance(value, (tuple, list)) else []
+
+
+@pytest.mark.parametrize(
+    "name,extra",
+    [("ppo_procgen_full", OPTIONS), ("ppg_procgen_full", ["--vtrace", "--prio-alpha", "0.6", *PPG_OPTIONS])],
+    ids=["ppo_procgen_full-options", "ppg_procgen_full-options"],
+)
+def test_no_stage_writes_into_a_tensor_it_is_given(name, extra, tmp_path, monkeypatch):
+    """With CUDA graphs (`--compile reduce-overhead`, a GPU's default) inductor skips, and runs eagerly, a stage that
+    writes into a tensor it is given other than the weights and the optimizer's states ("skipping cudagraphs due to
+    mutated inputs"; tests/test_gpu.py counts the skips on a GPU). On the CPU every in-place write shows in a tensor's
+    version counter: each stage's given tensors, every option on, keep theirs (eager, as any backend's stage does what
+    the eager one does). V-trace's clip counter and refreshed values were written inside the update until the GPU
+    kit's PPO options case skipped its graph; the loop now writes them after the call."""
+    script = load_script(name)
+    monkeypatch.chdir(tmp_path)
+    calls, written = [], []
+    for stage in STAGES[name]:
+
+        def versioned(*args, fn=getattr(script, stage)):
+            given = given_tensors(args)
+            before = [t._version for t in given]
+            out = fn(*args)
+            calls.append(fn.__name__)
+            changed = [i for i, (t, v) in enumerate(zip(given, before, strict=True)) if t._version != v]
+            written.extend(f"{fn.__name__}: its tensor argument {i}" for i in changed)
+            return out
+
+        monkeypatch.setattr(script, stage, versioned)
+    flags = [*SMALL, *NARROW, *(PPG if is_ppg(name) else []), *extra, *RND_START]
+    assert_trained(read_scalars(tmp_path / "runs" / script.train(parse(script, flags))), iterations=2)
+    assert set(calls) == set(STAGES[name]) and written == [], written

@@ -115,6 +115,9 @@ def test_vtrace_is_metta_s_per_minibatch_over_segments_with_refreshed_values(nam
     later = torch.cat([r.flatten() for r in ratios[2:]])
     for clip in (1.02, 0.99):  # the clips matter: ratios on both sides of each
         assert (later > clip).any() and (later < clip).any()
+    # the share of ratios above the clip, over every minibatch of the iteration (their mean)
+    clipped = torch.stack([(r > 1.02).float().mean() for r in ratios]).mean().item()
+    assert clipped > 0 and scalars["losses/vtrace_rho_clipfrac"][0][1] == pytest.approx(clipped, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -40,10 +40,10 @@ def test_the_second_file_keeps_the_first_files_lines(old, new):
 
 OPENER = re.compile(r"^(\s*)# ── (?!end )(.+?) ──")  # `# ── name ──`, a comment line of its own
 ENDER = re.compile(r"^(\s*)# ── end (.+?) ──$")  # `# ── end name ──`, at the opener's indentation
-MAX_ADDED = 161  # non-blank lines outside the blocks that a full file adds: the other side of its changed lines, the
+MAX_ADDED = 163  # non-blank lines outside the blocks that a full file adds: the other side of its changed lines, the
 # features' imports, and one-line additions, each marked with the [N] of its feature or naming its option: the calls
-# into the plumbing (plumbing.Run's at each place of the loop), and the options' one-line calls (V-trace's epoch, RND's
-# rewards, the options' statistics) (PPG's is the larger)
+# into the plumbing (plumbing.Run's at each place of the loop), and the options' one-line calls (V-trace's epoch and
+# the writes after its step, RND's rewards, the options' statistics) (PPG's is the larger)
 
 
 def fenced_blocks(lines):
@@ -179,8 +179,8 @@ def shared_parts(name):
 # each full file beside the loop that uses them (V-trace [28], prioritised sampling [29], RND [33], the options'
 # statistics, and rllte's hidden layer in the heads, an option of the network), and the two blocks that call into the
 # plumbing (its import, and rllte's flag aliases). Everything else both need is the plumbing's, written once.
-OPTIONS = {"RND", "rnd_cnn", "warm_up_rnd", "rnd_rewards", "vtrace_epoch", "vtrace_part", "prioritized_segments"}
-OPTIONS |= {"minibatches", "weighted_mean", "option_stats", "option_charts", "head"}
+OPTIONS = {"RND", "rnd_cnn", "warm_up_rnd", "rnd_rewards", "vtrace_epoch", "vtrace_part", "vtrace_refresh"}
+OPTIONS |= {"prioritized_segments", "minibatches", "weighted_mean", "option_stats", "option_charts", "head"}
 OPTIONS |= {
     f"block: {title}" for title in ("RND [33]", "rllte's hidden layer in the heads", "the plumbing", "rllte aliases")
 }
