@@ -74,6 +74,19 @@ def pytest_collection_modifyitems(items):
         early_work(module)
 
 
+# A failure said as it happens, in the file that TESTS_FAILURES_FILE names (the GPU kit's): pytest writes its failures'
+# reasons at the session's end, which a run stopped at its time limit never reaches. Under xdist the controller
+# writes, as each worker's report arrives.
+FAILURES_FILE = os.environ.get("TESTS_FAILURES_FILE")
+
+
+def pytest_runtest_logreport(report):
+    if FAILURES_FILE and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+        reason = report.longreprtext.strip().splitlines()[-30:]  # the assertion and where it failed
+        with open(FAILURES_FILE, "a") as f:
+            f.write(f"## {report.nodeid} ({report.when})\n" + "\n".join(reason) + "\n\n")
+
+
 # Small enough for a few seconds on 2 CPU cores: 2 iterations of 4 envs x 32 steps, 2 minibatches.
 SMOKE_ARGS = ["--num-envs", "4", "--num-steps", "32", "--total-timesteps", "256", "--num-minibatches", "2",
               "--num-eval-envs", "2"]  # fmt: skip

@@ -612,3 +612,26 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
     curves = (tmp_path / "chunked_report" / "defaults" / "curves.csv").read_text().splitlines()
     assert [line.split(",")[3] for line in curves[1:]] == [str(128 * i) for i in range(1, 6)]  # every logged step
     assert all(p.stat().st_size <= limit for p in (tmp_path / "chunked").iterdir())
+
+
+def test_a_failing_test_s_reason_is_written_as_it_fails(tmp_path):
+    """The GPU kit's CUDA tests may be stopped at the step's time limit, before pytest writes any failure's reason:
+    with TESTS_FAILURES_FILE set, tests/conftest.py writes each one's as it fails. A test that fails, then one that
+    never ends: the first's assertion is in the file while pytest still runs the second."""
+    (tmp_path / "test_planted.py").write_text(
+        "import time\n\ndef test_fails():\n    assert 6 * 7 == 43, 'planted reason'\n\n"
+        "def test_never_ends():\n    time.sleep(600)\n"
+    )
+    reasons = tmp_path / "failures.log"
+    env = {**os.environ, "TESTS_FAILURES_FILE": str(reasons), "PYTHONPATH": str(ROOT / "tests")}
+    cmd = [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-o", "addopts=", "-q"]
+    with subprocess.Popen([*cmd, "test_planted.py"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL) as proc:
+        try:
+            deadline = time.time() + 60
+            while "planted reason" not in (reasons.read_text() if reasons.exists() else "") and time.time() < deadline:
+                time.sleep(0.2)
+            assert proc.poll() is None  # pytest is still in the second test
+        finally:
+            proc.kill()
+    text = reasons.read_text()
+    assert "test_planted.py::test_fails (call)" in text and "planted reason" in text and "never_ends" not in text
