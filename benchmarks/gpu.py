@@ -6,12 +6,12 @@ and the figures that a CPU cannot give, gathered in GPU.md with the GPU, torch a
 
 The steps, each timed, each one's output kept beside GPU.md:
   1. the CUDA tests: `python -m pytest -k "cuda or gpu"`, tests/test_gpu.py's first (the GPU's defaults);
-  2. `throughput.py --suite gpu --device cuda --reps 3 --only ...`: the lean loop, then PPO's GPU defaults (CUDA graphs
-     and the folded rollout), and PPG's two alike over whole phases, each the mean of whole iterations after a
+  2. `throughput.py --suite gpu --device cuda --reps 3 --only ...`: the lean loop, then PPO's GPU defaults (CUDA
+     graphs and the folded rollout), and PPG's two alike over whole phases, each the mean of whole iterations after a
      warm-up, the rows alternating (the table's other rows, each option alone: the same command without `--only`);
-     inductor's cache filled by one untimed compiled iteration first; each run killed past `--row-timeout` (2
-     minutes), a failing one written with its exit status and last stderr lines, the CUDA graphs that inductor
-     skipped named. Whether the GPU's defaults are faster than the lean loop is read here;
+     inductor's cache filled first by one untimed compiled iteration of PPO and one of PPG, at once; each run killed
+     past `--row-timeout` (2 minutes), a failing one written with its exit status and last stderr lines, the CUDA
+     graphs that inductor skipped named. Whether the GPU's defaults are faster than the lean loop is read here;
   3. `throughput.py --suite machine --device cuda`: 4, 1, 2 and 3 runs of PPO at once (four first), the machine's total;
   4. `throughput.py --suite host --device cuda`: each script's loop without the network, beside procgen alone;
   5. `python -m pytest tests/test_host_syncs.py -k cuda`: no host-device sync between two minibatches, and a rollout

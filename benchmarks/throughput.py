@@ -60,13 +60,13 @@ OPTION_CONFIGS = [
 OPTION_SIZES = ["--num-envs", "16"]
 # the GPU suite (the GPU kit's): the lean loop first (the ratios' base: the full files' defaults on a CPU, and on a GPU
 # before 2026-11-27), then the GPU's defaults (`--compile auto --rollout auto`: CUDA graphs and the folded rollout),
-# PPG's two alike, then the options one by one. Each row runs 3 iterations and times the last 2 (their mean): a
-# compiled stage compiles at its first call and records its CUDA graph at its second, all within the first iteration
-# (each runs many times an iteration; the advantages, once, stay eager), and one untimed compiled run fills inductor's
-# cache before the first compiled row. PPG's rows close a phase every iteration (`--n-iteration 1`), so each timed
-# iteration holds a whole phase, its 6 auxiliary epochs included (over a phase's rollouts: per policy iteration the
-# same auxiliary work as at the default 32). A row past the kit's --timeout is killed and the step's own limit cuts
-# the rows at the end, so the last are the ones lost
+# PPG's two alike, then the options one by one. Each row runs 3 iterations and times the last 2 (their mean): a compiled
+# stage compiles at its first call and records its CUDA graph at its second, all within the first iteration (each runs
+# many times an iteration; the advantages, once, stay eager), and one untimed compiled run of PPO and one of PPG, at
+# once, fill inductor's cache before the first compiled row. PPG's rows close a phase every iteration (`--n-iteration
+# 1`), so each timed iteration holds a whole phase, its 6 auxiliary epochs included (over a phase's rollouts: per policy
+# iteration the same auxiliary work as at the default 32). A row past the kit's --timeout is killed and the step's own
+# limit cuts the rows at the end, so the last are the ones lost
 COMPILED, GRAPHS = ["--compile", "default"], ["--compile", "reduce-overhead"]
 EAGER = ["--compile", "off", "--rollout", "plain"]  # the lean files' loop
 PPG_ROW = ["--n-iteration", "1"]
@@ -91,7 +91,12 @@ def compiles(flags, device):
     return flags[flags.index("--compile") + 1] != "off" if "--compile" in flags else device.startswith("cuda")
 
 
-WARM_UP = ("PPO", "ppo_procgen_full", [*GRAPHS, "--rollout", "folded"])  # one iteration, untimed, before the first
+# one iteration of each, untimed, before the first compiled row (PPG's: a whole phase, whose auxiliary minibatch PPO
+# has not); both at once, each a process of its own
+WARM_UPS = [
+    ("PPO", "ppo_procgen_full", [*GRAPHS, "--rollout", "folded"]),
+    ("PPG", "ppg_procgen_full", [*GRAPHS, "--rollout", "folded", *PPG_ROW]),
+]
 QUICK_SIZES = ["--num-envs", "4", "--num-steps", "32", "--num-minibatches", "2"]
 QUICK_NETWORK = ["--cnn-channels", "2"]  # the speed tables' full files in a check: one stack of 2 channels
 QUICK_PPG = ["--num-aux-rollouts", "2"]
@@ -499,7 +504,7 @@ def main():
         for name, script, flags, env in configs:
             extra = sizes + (ppg_sizes if script.startswith("ppg_procgen") else [])
             if opts.suite == "gpu" and compiles(flags, opts.device) and "warm-up" not in notes:
-                notes["warm-up"] = warm_up(opts, extra, batch)
+                notes["warm-up"] = warm_up(opts, configs, sizes, ppg_sizes, batch)
             # the first iteration is the warm-up (compiled: the stages compile and record their graphs there)
             iterations, timed = (GPU_ITERATIONS, GPU_TIMED) if opts.suite == "gpu" else (2, 1)
             try:
@@ -531,22 +536,31 @@ def main():
         raise SystemExit(f"throughput.py: {len(not_measured)} row(s) not measured: {', '.join(not_measured)}")
 
 
-def warm_up(opts, extra, batch):
-    """One untimed iteration of PPO with CUDA graphs: inductor's caches (its graphs' code, Triton's kernels) filled
-    before the first compiled row, so that no row pays the cold compile inside its time limit. A line for the table:
-    how long it took, or why it did not finish."""
-    name, script, flags = WARM_UP
-    start, limit = time.time(), opts.timeout and 2 * opts.timeout
-    print(f"warm-up: {name} {' '.join(flags)}, one iteration (untimed)", flush=True)
-    try:
-        run(script, [*flags, *extra], 1, batch, opts.out, opts.device, {}, limit)
-        return (
-            f"Warm-up: one iteration of {name} with `{' '.join(flags)}` from a cold cache, {time.time() - start:.0f} s."
-        )
-    except TimeoutError:
-        return f"Warm-up: one iteration of {name} with `{' '.join(flags)}` timed out after {limit:g} s."
-    except RunFailed as exc:
-        return f"Warm-up: {name} with `{' '.join(flags)}` failed, exit status {exc.status}: {' / '.join(exc.last)}"
+def warm_up(opts, configs, sizes, ppg_sizes, batch):
+    """One untimed iteration with CUDA graphs of each script that a compiled row runs, PPO's and PPG's at once:
+    inductor's caches (its graphs' code, Triton's kernels) filled before the first compiled row, so that no row pays
+    the cold compile inside its time limit (on an H200 PPG's default row ran past 120 s without its own). A line for
+    the table: how long each took, or why it did not finish."""
+    import concurrent.futures
+
+    scripts = {script for _, script, flags, _ in configs if compiles(flags, opts.device)}
+    limit = opts.timeout and 2 * opts.timeout
+
+    def one(name, script, flags):
+        start, flags = time.time(), [*flags, *sizes, *(ppg_sizes if script.startswith("ppg_procgen") else [])]
+        print(f"warm-up: {name} {' '.join(flags)}, one iteration (untimed)", flush=True)
+        shown = " ".join(flags[: flags.index("--rollout") + 2])
+        try:
+            run(script, flags, 1, batch, opts.out, opts.device, {}, limit)
+            return f"Warm-up: one iteration of {name} with `{shown}` from a cold cache, {time.time() - start:.0f} s."
+        except TimeoutError:
+            return f"Warm-up: one iteration of {name} with `{shown}` timed out after {limit:g} s."
+        except RunFailed as exc:
+            return f"Warm-up: {name} with `{shown}` failed, exit status {exc.status}: {' / '.join(exc.last)}"
+
+    todo = [warm for warm in WARM_UPS if warm[1] in scripts]
+    with concurrent.futures.ThreadPoolExecutor(len(todo)) as pool:
+        return " ".join(pool.map(lambda warm: one(*warm), todo))
 
 
 def host_suite(opts):

@@ -480,9 +480,10 @@ def test_the_machine_table_measures_four_runs_first_and_lists_the_rows_in_order(
 
 
 def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tmp_path, monkeypatch):
-    """The GPU suite's compiled rows: one untimed compiled iteration before the first of them (and only then), its
-    seconds under the table; a CUDA-graph row whose run said inductor skipped graphs is named with the count and the
-    first reason, one that said none is named as such. `run` counts the skips from the run's stderr."""
+    """The GPU suite's compiled rows: one untimed compiled iteration of PPO and one of PPG at once before the first
+    of them (and only then), their seconds under the table; a CUDA-graph row whose run said inductor skipped graphs is
+    named with the count and the first reason, one that said none is named as such. `run` counts the skips from the
+    run's stderr."""
     import types
 
     import throughput
@@ -512,20 +513,20 @@ def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tm
 
     monkeypatch.setattr(throughput, "run", run)
     monkeypatch.setattr(throughput, "ceiling", lambda *a: 1000.0)
-    only = ["PPO eager, --rollout plain", "PPO default", "CUDA graphs (--compile reduce-overhead)"]
+    only = ["PPO eager, --rollout plain", "PPO default", "PPG default", "CUDA graphs (--compile reduce-overhead)"]
     argv = ["throughput.py", "--suite", "gpu", "--device", "cuda", "--reps", "1", "--out", str(tmp_path), "--only",
             *only]  # fmt: skip
     monkeypatch.setattr(throughput, "machine", lambda device: "a test machine")
     monkeypatch.setattr(sys, "argv", argv)
     throughput.main()
-    warm_up = [c for c in calls if c[1] == 1]
-    assert len(warm_up) == 1 and calls.index(warm_up[0]) == 1 and "reduce-overhead" in warm_up[0][0]  # once, first
-    assert [(iterations, timed) for _, iterations, timed in calls] == [(3, 2), (1, 1), (3, 2), (3, 2), (3, 2)]
+    warm_up = [c for c in calls if c[1] == 1]  # PPO's and PPG's (a phase of one iteration), at once, before the first
+    assert sorted("--n-iteration" in c[0] for c in warm_up) == [False, True]
+    assert all("reduce-overhead" in c[0] for c in warm_up) and {calls.index(c) for c in warm_up} == {1, 2}
+    assert [(iterations, timed) for _, iterations, timed in calls] == [(3, 2), (1, 1), (1, 1), *[(3, 2)] * 4]
     table = (tmp_path / "GPU_SPEED.md").read_text()
-    assert re.search(
-        r"- Warm-up: one iteration of PPO with `--compile reduce-overhead --rollout folded` from a cold cache, \d+ s",
-        table,
-    )
+    for name in ("PPO", "PPG"):
+        said = f"Warm-up: one iteration of {name} with `--compile reduce-overhead --rollout folded` from a cold cache"
+        assert re.search(rf"{re.escape(said)}, \d+ s", table), table
     assert "bf16: inductor skipped 2 CUDA graph(s); the first said `W1126 skipping cudagraphs due to mutated" in table
     assert "(--compile reduce-overhead), --rollout plain: no CUDA graph skipped" in table
     assert "folded): no CUDA graph skipped" in table  # the defaults' row: CUDA graphs, its flags none
