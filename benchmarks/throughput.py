@@ -77,6 +77,7 @@ GPU_CONFIGS = [
     ("PPG default (phases of 1 iteration)", "ppg_procgen_full", PPG_ROW, {}),
     ("PPO CUDA graphs, --rollout pipelined", "ppo_procgen_full", [*GRAPHS, "--rollout", "pipelined"], {}),
     ("PPO default, --autocast bf16", "ppo_procgen_full", ["--autocast", "bf16"], {}),
+    ("PPO default, --env-threads 8", "ppo_procgen_full", ["--env-threads", "8"], {}),
     ("PPO CUDA graphs (--compile reduce-overhead), --rollout plain", "ppo_procgen_full", [*GRAPHS, "--rollout",
                                                                                            "plain"], {}),
     ("PPO eager, --rollout folded", "ppo_procgen_full", ["--compile", "off", "--rollout", "folded"], {}),
@@ -495,7 +496,10 @@ def main():
     opts.out.mkdir(parents=True, exist_ok=True)
 
     envs, steps = (8, 200) if opts.quick else (64, 2000)
-    ceilings = {threads: ceiling(envs, steps, threads, reps) for threads in (1, 2, 4)}
+    # procgen's threads beyond its default 4 where the machine has the cores (a GPU machine's 16): what a run could
+    # gain from `--env-threads`
+    threads = [t for t in (1, 2, 4, 8, 16) if t <= max(4, os.cpu_count() or 1)]
+    ceilings = {n: ceiling(envs, steps, n, reps) for n in threads}
     print("ceiling:", {t: round(v) for t, v in ceilings.items()}, flush=True)
 
     results, not_measured = {name: [] for name, *_ in configs}, {}  # a row that failed or timed out: why
