@@ -159,8 +159,8 @@ class RolloutPolicy:
                 self.first = None
                 continue
             outs.append(self.policy_step(self.agent, next_obs[rows], self.noise[self.t, rows]))
-            if k < parts - 1:
-                self.envs.unwrapped.act_ahead(outs[-1][0].cpu().numpy(), k)
+            if k < parts - 1 or self.test_envs is not None:  # with the test envs, the last part's too: its games
+                self.envs.unwrapped.act_ahead(outs[-1][0].cpu().numpy(), k)  # step while their forward pass runs
         if self.test_envs is not None:  # a forward pass of their own, started before the training envs wait
             self.test_action = self.policy_step(self.agent, self.test_obs, self.test_noise[self.t])[0].cpu().numpy()
             self.test_envs.unwrapped.act_ahead(self.test_action)
