@@ -78,15 +78,16 @@ def pytest_collection_modifyitems(items):
 # reasons at the session's end, which a run stopped at its time limit never reaches. Under xdist the controller
 # writes, as each worker's report arrives.
 FAILURES_FILE = os.environ.get("TESTS_FAILURES_FILE")
-WRITES_FAILURES = []  # [True] in the process that writes them: not an xdist worker
+WRITES_FAILURES = False  # set where the file is named, in the process that writes it: not an xdist worker
 
 
 def pytest_configure(config):
-    WRITES_FAILURES[:] = [bool(FAILURES_FILE) and not hasattr(config, "workerinput")]
+    global WRITES_FAILURES
+    WRITES_FAILURES = bool(FAILURES_FILE) and not hasattr(config, "workerinput")
 
 
 def pytest_runtest_logreport(report):
-    if report.failed and WRITES_FAILURES == [True]:
+    if report.failed and WRITES_FAILURES:
         reason = report.longreprtext.strip().splitlines()[-30:]  # the assertion and where it failed
         with open(FAILURES_FILE, "a") as f:
             f.write(f"## {report.nodeid} ({report.when})\n" + "\n".join(reason) + "\n\n")
