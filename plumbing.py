@@ -1063,10 +1063,10 @@ def removed_run_dir(exc):
 
 def keeps_process_settings(train):
     """The console (the status line's or a silent rank's `sys.stdout`), the stop signals' handlers, torch.distributions'
-    argument checks and threads' exception hook, as they were before `train`; a run directory removed mid-run stops
-    the run in one line, exit status 5. A process started with its standard output closed (`>&-`, as some schedulers
-    start jobs; Python's `sys.stdout` is then None) runs silently: /dev/null takes descriptor 1 before any file the
-    run opens could, where a library's own prints would land."""
+    argument checks, torch's CPU threads and threads' exception hook, as they were before `train`; a run directory
+    removed mid-run stops the run in one line, exit status 5. A process started with its standard output closed
+    (`>&-`, as some schedulers start jobs; Python's `sys.stdout` is then None) runs silently: /dev/null takes
+    descriptor 1 before any file the run opens could, where a library's own prints would land."""
 
     @functools.wraps(train)
     def wrapper(*args, **kwargs):
@@ -1078,6 +1078,7 @@ def keeps_process_settings(train):
                 os.close(null)
             sys.stdout = open(1, "w", closefd=False)  # closed as a silent rank's is, when `train` ends
         validate, thread_hook = torch.distributions.Distribution._validate_args, threading.excepthook
+        threads = torch.get_num_threads()  # `--torch-threads` sets them
 
         def quiet(failed):  # TensorBoard's writer thread's OSError (a removed run directory): the main thread meets
             writer = type(failed.thread).__name__ == "_AsyncWriterThread"  # the same one next, and says it in a line
@@ -1106,6 +1107,7 @@ def keeps_process_settings(train):
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
             torch.distributions.Distribution.set_default_validate_args(validate)
+            torch.set_num_threads(threads)
             while HELD:  # the run directory's lock
                 HELD.pop().close()
 
@@ -1145,7 +1147,7 @@ RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all fl
     ("num_levels", "start_level", "eval_interval"): ("must be in [0, 2^31)", lambda v, a: 0 <= v < 2**31),
     ("num_envs", "num_eval_envs", "num_steps", "feature_dim"): ("must be in [1, 65536]", lambda v, a: 1 <= v <= 2**16),
     # the rules of the features' flags
-    ("env_threads",): ("must be in [0, 256]", lambda v, a: 0 <= v <= 256),
+    ("env_threads", "torch_threads"): ("must be in [0, 256]", lambda v, a: 0 <= v <= 256),
     ("minibatch_size",): (
         "must divide --num-envs x --num-steps, or None",
         lambda v, a: v is None or 0 < v and a.num_envs * a.num_steps % v == 0,
@@ -1248,6 +1250,11 @@ def check_every_flag(args, rules, warnings, check_algorithm, memory_needed) -> N
         args.compile = "reduce-overhead" if gpu and getattr(args, "n_aux_grad_accum", 1) == 1 else "off"
     if args.rollout == "auto":
         args.rollout = "folded" if gpu else "plain"
+    # a GPU run's torch computes nothing on the host, it copies: one thread, since after each parallel copy (the
+    # observations', every step) OpenMP's idle threads spin for a while on the cores that procgen's threads step on
+    args.torch_threads = args.torch_threads or (1 if args.device.startswith("cuda") else 0)
+    if args.torch_threads:  # put back when `train` ends (keeps_process_settings)
+        torch.set_num_threads(args.torch_threads)
     check_algorithm(args)
     if args.rollout == "pipelined" and args.local_num_envs % 2:  # [35] two halves
         arg_error("rollout", "steps the envs in two halves: each process's --num-envs must be even", "pipelined")

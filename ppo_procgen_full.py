@@ -96,6 +96,9 @@ class Args:
     """the number of parallel test envs"""
     env_threads: int = 4
     """the number of procgen's own worker threads per vector env"""
+    torch_threads: int = 0
+    """torch's CPU threads; 0: one on a GPU (its host work is copies; idle OpenMP threads would spin on procgen's
+    cores), torch's own number on a CPU"""
     total_timesteps: int = 25_000_000
     """total timesteps of the experiment"""
     learning_rate: float = 5e-4

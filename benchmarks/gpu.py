@@ -46,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 # (2026-11-27: four speed rows 3 times each, the lean loop and the GPU's defaults, about 6 minutes on a GPU machine
 # by estimate (a row's start, its warm compile, 3 iterations); the machine full gets a minute, the host side and the
 # host-sync tests, measured before, what is left)
-# (2026-11-28: the H200 run of 2026-11-27 stopped the CUDA tests at 91% of 120 s, with no failure's reason; now 150 s,
+# (2026-11-27: the H200 run of 2026-11-27 stopped the CUDA tests at 91% of 120 s, with no failure's reason; now 150 s,
 # each reason written as the test fails, and 30 s less for the speed table, whose PPG default row ran out anyway)
 TIMEOUTS = {"CUDA tests": 150, "Speed options": 330, "Machine full": 60, "Host side": 15, "Host-device syncs": 15}
 
@@ -68,9 +68,10 @@ def run_step(cmd, timeout, env):
 
 
 QUICK_ROWS = ["PPO default (", "PPO eager, --rollout folded", "PPO eager, --rollout pipelined"]
-# the kit's speed rows, 3 repetitions each: the lean loop and the GPU's defaults, PPO's and PPG's (the others, each
-# option alone, once: `throughput.py --suite gpu --device cuda`)
-KIT_ROWS = ["PPO eager, --rollout plain", "PPO default (", "PPG eager", "PPG default"]
+# the kit's speed rows, 3 repetitions each: the lean loop and the GPU's defaults, PPO's and PPG's, and PPO's defaults
+# with torch's CPU threads on every core, as before one thread became a GPU's default (the others, each option alone,
+# once: `throughput.py --suite gpu --device cuda`)
+KIT_ROWS = ["PPO eager, --rollout plain", "PPO default (", "PPO default, torch's", "PPG eager", "PPG default"]
 
 
 def steps(opts):

@@ -66,13 +66,18 @@ OPTION_SIZES = ["--num-envs", "16"]
 # once, fill inductor's cache before the first compiled row. PPG's rows close a phase every iteration (`--n-iteration
 # 1`), so each timed iteration holds a whole phase, its 6 auxiliary epochs included (over a phase's rollouts: per policy
 # iteration the same auxiliary work as at the default 32). A row past the kit's --timeout is killed and the step's own
-# limit cuts the rows at the end, so the last are the ones lost
+# limit cuts the rows at the end, so the last are the ones lost. The row of torch's CPU threads on every core is the GPU
+# default before 2026-11-27 (now one thread): whether torch's idle OpenMP threads, which spin for a while after each
+# parallel host copy (the observations' pinned copy, every step), took the cores that procgen's threads need
 COMPILED, GRAPHS = ["--compile", "default"], ["--compile", "reduce-overhead"]
+CORES = min(os.cpu_count() or 1, 256)
 EAGER = ["--compile", "off", "--rollout", "plain"]  # the lean files' loop
 PPG_ROW = ["--n-iteration", "1"]
 GPU_CONFIGS = [
     ("PPO eager, --rollout plain (the lean loop)", "ppo_procgen_full", EAGER, {}),
     ("PPO default (a GPU: CUDA graphs, --rollout folded)", "ppo_procgen_full", [], {}),
+    ("PPO default, torch's CPU threads on every core (--torch-threads N)", "ppo_procgen_full", ["--torch-threads",
+                                                                                            str(CORES)], {}),
     ("PPG eager, --rollout plain (phases of 1 iteration)", "ppg_procgen_full", [*EAGER, *PPG_ROW], {}),
     ("PPG default (phases of 1 iteration)", "ppg_procgen_full", PPG_ROW, {}),
     ("PPO CUDA graphs, --rollout pipelined", "ppo_procgen_full", [*GRAPHS, "--rollout", "pipelined"], {}),
@@ -305,7 +310,8 @@ def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeo
 
 def together(n, flags, iterations, batch, opts):
     """`n` runs of the full PPO file started at once, each a process with its own seed and its share of the cores for
-    torch's threads (OpenMP's idle threads spin: n runs of all the cores each leave procgen's threads none): each
+    torch's threads (OpenMP's idle threads spin: n runs of all the cores each leave procgen's threads none; on a GPU
+    the full file's `--torch-threads` default takes one whatever the share): each
     one's steps per second over whole iterations after its first (the median of its `perf/iteration_seconds`), and
     their sum."""
     from concurrent.futures import ThreadPoolExecutor
@@ -355,7 +361,8 @@ def write_machine(opts, results, not_measured, reps, batch, iterations):
         *page_head(opts, "machine", "# The machine full: runs at once", reps),
         f"N runs of `ppo_procgen_full.py` at its defaults ({'tiny sizes' if opts.quick else 'on the device'}), started",
         "together, each a process of its own with its own seed and its share of the cores for torch's threads",
-        f"(`OMP_NUM_THREADS`: the cores / N, unless set), {iterations} iterations of {batch} steps; each run's",
+        f"(`OMP_NUM_THREADS`: the cores / N, unless set; on a GPU the full file takes one), {iterations} iterations",
+        f"of {batch} steps; each run's",
         "steps per second over whole iterations after its first (the median of its `perf/iteration_seconds`: the",
         "rollout, the test envs and the update), and their sum: what the machine gives when it is shared.",
         "",

@@ -290,27 +290,29 @@ class Terminal(io.StringIO):
 @pytest.mark.parametrize("name", FULL.values())
 def test_train_puts_back_the_process_settings(tmp_path, monkeypatch, name):
     """What `train` changes for the whole process (sys.stdout for the status line, the SIGINT and SIGTERM handlers,
-    torch.distributions' argument checks) is as before once it returns, and once it raises."""
+    torch.distributions' argument checks, torch's CPU threads) is as before once it returns, and once it raises."""
     script = load_script(name)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "stdout", Terminal())  # a terminal: the status line takes sys.stdout over
 
     def settings():
         handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
-        return sys.stdout, handlers, torch.distributions.Distribution._validate_args
+        return sys.stdout, handlers, torch.distributions.Distribution._validate_args, torch.get_num_threads()
 
     before = settings()
-    shown = []  # what the status line was asked to draw (it draws at most 4 times a second)
-    monkeypatch.setattr(script.plumbing.StatusLine, "show", lambda self, text: shown.append(text))
-    script.train(parse(script, [*smoke_args(name), "--device", "cpu"]))
-    assert settings() == before
+    threads = ["--torch-threads", str(torch.get_num_threads() + 1)]  # not this process's number
+    shown, during = [], set()  # what the status line was asked to draw (at most 4 times a second), and the threads
+    monkeypatch.setattr(script.plumbing.StatusLine, "show", lambda self, text: shown.append(text) or during.add(
+        torch.get_num_threads()))  # fmt: skip
+    script.train(parse(script, [*smoke_args(name), "--device", "cpu", *threads]))
+    assert settings() == before and during == {int(threads[1])}
     # the rollout, the update and PPG's auxiliary phase, each with the step it is at and the time left
     places = ["iter 1/2  rollout 1/32  step 4/256", "iter 2/2  update, epoch 1  step 256/256"]
     places += ["iter 2/2  auxiliary phase  epoch 1/1  minibatch 1/4  step 256/256"] if "ppg" in name else []
     assert all(any(text.startswith(place) and text.endswith("min left") for text in shown) for place in places), shown
     monkeypatch.setattr(script, "compute_gae", lambda *a, **k: 1 / 0)  # fails mid-run, with everything set
     with pytest.raises(ZeroDivisionError):
-        script.train(parse(script, [*smoke_args(name), "--device", "cpu", "--exp-name", "again"]))
+        script.train(parse(script, [*smoke_args(name), "--device", "cpu", "--exp-name", "again", *threads]))
     assert settings() == before
 
 

@@ -67,7 +67,7 @@ def test_compiled_stages_log_the_losses_of_the_eager_ones(name, extra, tmp_path,
     With the options, the eager run also watches that no stage writes into a tensor it is given other than the weights
     and the optimizer's states: with CUDA graphs (`reduce-overhead`, a GPU's default) inductor skips such a stage and
     runs it eagerly ("skipping cudagraphs due to mutated inputs"; tests/test_gpu.py counts the skips on a GPU). V-trace
-    counted its clipped ratios and refreshed its values inside the update until 2026-11-28 (the likely reason of the
+    counted its clipped ratios and refreshed its values inside the update until 2026-11-27 (the likely reason of the
     GPU kit's failed PPO options case, whose message was not kept); the loop now writes them after the call."""
     script = load_script(name)
     monkeypatch.setattr(script, "Procgen", ScriptedProcgen)

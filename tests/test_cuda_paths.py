@@ -16,16 +16,19 @@ SCRIPTS = ["ppo_procgen", "ppg_procgen", *FULL]
 
 @pytest.fixture
 def gpus(monkeypatch):
-    """Pretend that CUDA is there with `count` GPUs; record what asks for a GPU by index."""
-    asked = []
+    """Pretend that CUDA is there with `count` GPUs; record what asks for a GPU by index, and (`.threads`) the CPU
+    threads torch is asked for, which this process keeps."""
+    asked, threads = [], []
 
     def with_count(count):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
         monkeypatch.setattr(torch.cuda, "set_device", lambda index: asked.append(index))
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**36, 2**36))  # for the memory check
+        monkeypatch.setattr(torch, "set_num_threads", threads.append)
         return asked
 
+    with_count.threads = threads
     return with_count
 
 
@@ -91,13 +94,16 @@ def test_a_torchrun_process_takes_its_local_rank_s_gpu(name, local_rank, world_s
     assert asked == asked_for and args.device == "cuda:1"
 
 
+# (processes, flags, what --compile, --rollout and --torch-threads become): on a GPU torch's CPU threads are one
 FAST_PATH = [
-    (1, ["--device", "cuda"], ("reduce-overhead", "folded")),  # one process on a GPU: the fast path
-    (2, ["--device", "cuda"], ("off", "plain")),  # torchrun: the lean loop
-    (1, ["--device", "cpu"], ("off", "plain")),
-    (1, ["--device", "cuda", "--compile", "default", "--rollout", "pipelined"], ("default", "pipelined")),
+    (1, ["--device", "cuda"], ("reduce-overhead", "folded", 1)),  # one process on a GPU: the fast path
+    (2, ["--device", "cuda"], ("off", "plain", 1)),  # torchrun: the lean loop
+    (1, ["--device", "cpu"], ("off", "plain", 0)),  # torch's own threads
+    (1, ["--device", "cuda", "--compile", "default", "--rollout", "pipelined"], ("default", "pipelined", 1)),
+    (1, ["--device", "cuda", "--torch-threads", "3"], ("reduce-overhead", "folded", 3)),
+    (1, ["--device", "cpu", "--torch-threads", "1"], ("off", "plain", 1)),
 ]
-PPG_ACCUMULATES = (1, ["--device", "cuda", "--n-aux-grad-accum", "2"], ("off", "folded"))  # no CUDA graphs
+PPG_ACCUMULATES = (1, ["--device", "cuda", "--n-aux-grad-accum", "2"], ("off", "folded", 1))  # no CUDA graphs
 
 
 @pytest.mark.parametrize(
@@ -106,14 +112,16 @@ PPG_ACCUMULATES = (1, ["--device", "cuda", "--n-aux-grad-accum", "2"], ("off", "
 )
 def test_a_gpu_s_defaults_are_the_fast_path_and_a_cpu_s_the_lean_loop(name, world_size, flags, chosen, gpus,
                                                                      monkeypatch):  # fmt: skip
-    """`--compile auto` and `--rollout auto`, the defaults, as `check_args` settles them on the device of the run."""
+    """`--compile auto`, `--rollout auto` and `--torch-threads 0`, the defaults, as `check_args` settles them on the
+    device of the run; torch is asked for that many threads (0: none asked, torch's own)."""
     gpus(2)
     torchrun_env(monkeypatch, 0, world_size)
     devices_answer(monkeypatch)
     script = load_script(name)
     args = parse(script, [*smoke_args(name), *flags])
     script.check_args(args)
-    assert (args.compile, args.rollout) == chosen
+    assert (args.compile, args.rollout, args.torch_threads) == chosen
+    assert gpus.threads == [chosen[2]] * bool(chosen[2])
 
 
 @pytest.mark.parametrize("name", FULL)

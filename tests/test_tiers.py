@@ -40,10 +40,11 @@ def test_the_second_file_keeps_the_first_files_lines(old, new):
 
 OPENER = re.compile(r"^(\s*)# ── (?!end )(.+?) ──")  # `# ── name ──`, a comment line of its own
 ENDER = re.compile(r"^(\s*)# ── end (.+?) ──$")  # `# ── end name ──`, at the opener's indentation
-MAX_ADDED = 163  # non-blank lines outside the blocks that a full file adds: the other side of its changed lines, the
-# features' imports, and one-line additions, each marked with the [N] of its feature or naming its option: the calls
-# into the plumbing (plumbing.Run's at each place of the loop), and the options' one-line calls (V-trace's epoch and
-# the writes after its step, RND's rewards, the options' statistics) (PPG's is the larger)
+MAX_ADDED = 166  # non-blank lines outside the blocks that a full file adds: the other side of its changed lines, the
+# features' imports and flags (their fields in Args), and one-line additions, each marked with the [N] of its feature
+# or naming its option: the calls into the plumbing (plumbing.Run's at each place of the loop), and the options'
+# one-line calls (V-trace's epoch and the writes after its step, RND's rewards, the options' statistics) (PPG's is the
+# larger)
 
 
 def fenced_blocks(lines):
