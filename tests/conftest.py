@@ -140,6 +140,17 @@ def monkeypatch():
     patches.undo()
 
 
+@pytest.fixture(autouse=True)
+def torch_threads():
+    """torch's CPU threads as they were before each test: `check_args` sets `--torch-threads` (a GPU's default: one)
+    for the process, `train` puts them back, and tests call `check_args` alone (the fuzzed flags: `--torch-threads 3`
+    would leave a worker three threads on a core)."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def nvidia_gpus():
     """The GPUs that the NVIDIA driver lists (`nvidia-smi -L`), whatever torch makes of them."""
     smi = shutil.which("nvidia-smi")
