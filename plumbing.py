@@ -448,7 +448,7 @@ def join_processes(args, device):
     elif restarted:
         console("torchrun restarted the job, which has no name to find its run by (--rdzv-id or --standalone gives "
                 "it one): it starts anew")  # fmt: skip
-    if found is not None and glob.glob(f"runs/{found}/checkpoints/iter_*.pt"):
+    if found is not None and checkpoints(f"runs/{found}"):
         args.resume = f"runs/{found}"
     if args.resume is None and found is None:  # a new run: a directory of its own
         made = make_dir(f"runs/{run_name}", "exp-name", new=True) if args.rank == 0 else None
@@ -546,9 +546,15 @@ class WholeWrites:
 NOT_WRITTEN = {}  # by run directory, what the run was asked to write and could not: {"checkpoint": path, "model": path}
 
 
+def checkpoints(folder, inside="checkpoints/"):
+    """The `iter_*.pt` files in the run directory `folder` (`inside=""`: in `folder` itself), oldest first, as their
+    names sort. The folder's name is a name, not a pattern: a sweep's `--exp-name 'lr[1e-3]'` is found too."""
+    return sorted(glob.glob(f"{glob.escape(folder)}/{inside}iter_*.pt"))
+
+
 def what_is_kept(run_dir):
     """The newest checkpoint of the run on disk (each is written whole or not at all) and its iteration, in words."""
-    found = sorted(glob.glob(f"{run_dir}/checkpoints/iter_*.pt"))
+    found = checkpoints(run_dir)
     if not found:
         return "no checkpoint of this run exists yet"
     return f"the newest checkpoint kept is {found[-1]} (iteration {int(os.path.basename(found[-1])[5:13])})"
@@ -559,7 +565,7 @@ def exit_unless_kept(run_dir):
     saying what is on disk: a scheduler or a sweep that reads the status must not take it for a run to resume or use."""
     missed = NOT_WRITTEN.pop(run_dir, {})
     if "checkpoint" in missed:
-        found = sorted(glob.glob(f"{run_dir}/checkpoints/iter_*.pt"))
+        found = checkpoints(run_dir)
         then = f"resume with: python {SCRIPT}.py --resume {found[-1]}" if found else "the run cannot be resumed"
         print(f"{SCRIPT}.py: error: the run ended without its last checkpoint, {missed['checkpoint']}; "
               f"{what_is_kept(run_dir)}: {then}", file=sys.stderr, flush=True)  # fmt: skip
@@ -593,7 +599,7 @@ def save_checkpoint(run_dir, name, state, keep=None, kept=None):
         return None
     if name.startswith("iter_"):
         NOT_WRITTEN.get(run_dir, {}).pop("checkpoint", None)
-    older = [p for p in sorted(glob.glob(f"{run_dir}/checkpoints/iter_*.pt")) if os.path.basename(p) < name]
+    older = [p for p in checkpoints(run_dir) if os.path.basename(p) < name]
     for old in older[: max(len(older) - keep + 1, 0) if keep else 0]:
         if not (kept and os.path.exists(kept) and os.path.samefile(old, kept)):
             os.remove(old)
@@ -622,7 +628,7 @@ def load_checkpoint(path, flag):
     """A checkpoint file, or the newest `iter_*.pt` of a run directory that reads (a warning names each newer one that
     does not: a copy cut short, a disk that lost its tail); a one-line error for anything else."""
     if os.path.isdir(path):
-        found = sorted(glob.glob(f"{path}/checkpoints/iter_*.pt") + glob.glob(f"{path}/iter_*.pt"))
+        found = sorted(checkpoints(path) + checkpoints(path, inside=""))
         if not found:
             arg_error(flag, f"{path}: no checkpoint (checkpoints/iter_*.pt) in this run directory")
         for newer in found[:0:-1]:  # newest first; the oldest is read as a file named by the flag would be
@@ -708,7 +714,7 @@ def set_aside_newer(ckpt, run_dir):
     the line that goes on from here."""
     for tmp in glob.glob(f"{glob.escape(run_dir)}/checkpoints/*.tmp"):
         os.remove(tmp)
-    found = sorted(glob.glob(f"{glob.escape(run_dir)}/checkpoints/iter_*.pt")) if ckpt else []
+    found = checkpoints(run_dir) if ckpt else []
     newer = [p for p in found if os.path.basename(p) > checkpoint_name(ckpt["iteration"], ckpt.get("aux_epoch", 0))]
     if newer:
         aside = make_dir(f"{run_dir}/checkpoints/abandoned", "resume", new=True)

@@ -222,6 +222,8 @@ MUTANTS = [
         ("fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)", "f.fileno()", "the run directory's lock never taken"),
         ("        os.remove(tmp)\n", "        pass\n", "a stale .tmp checkpoint left in place"),
         ('and Path(d, "torchrun_job").read_text() == owner]', "]", "a torchrun restart takes any run of its name"),
+        ('glob.glob(f"{glob.escape(folder)}/', 'glob.glob(f"{folder}/',
+         "a run directory's name read as a glob pattern (`--exp-name 'lr[1e-3]'`)"),
     ]],
     *[(full, old, new, f"{full[:3].upper()} full: {what}", COMPILE_TESTS) for full in (PPO_FULL, PPG_FULL)
       for old, new, what in [

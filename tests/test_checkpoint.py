@@ -213,10 +213,18 @@ def run_once(tmp_path_factory, script, flags):
 
 @pytest.fixture(scope="module", params=SCRIPTS)
 def trained(request, tmp_path_factory):
-    """A smoke-sized run of each script with a checkpoint every iteration and the final model saved."""
+    """A smoke-sized run of each script with a checkpoint every iteration and the final model saved; its name has a
+    glob pattern's characters, which the run directory's checkpoints are found in spite of (rotation, `--resume
+    RUN_DIR`: a sweep names its runs so)."""
     script = load_script(request.param)
     flags = [*smoke_args(request.param), "--device", "cpu", "--checkpoint-interval", "1", "--save-model"]
+    flags += ["--exp-name", f"{request.param}[lr=1e-3]*"]
     return script, flags, run_once(tmp_path_factory, script, flags)
+
+
+def saved_model(flags, run_dir):
+    """The run's `--save-model` file, named after its `--exp-name`."""
+    return run_dir / f"{flags[flags.index('--exp-name') + 1]}.cleanrl_model"
 
 
 def one_error_line(capsys, exc):
@@ -279,11 +287,7 @@ def test_bad_checkpoints_are_refused_and_nothing_is_touched(trained, tmp_path, m
 def test_evaluation_of_a_saved_agent(trained, tmp_path, monkeypatch, what):
     script, flags, run_dir = trained
     monkeypatch.chdir(tmp_path)
-    path = (
-        run_dir / "checkpoints" / "iter_00000002.pt"
-        if what == "checkpoint"
-        else run_dir / f"{script.SCRIPT}.cleanrl_model"
-    )
+    path = run_dir / "checkpoints" / "iter_00000002.pt" if what == "checkpoint" else saved_model(flags, run_dir)
     if what == "model":  # every network of the run (PPG's dual: two) has the flags' channels, the tests' narrow 2
         weights = torch.load(path, weights_only=True)
         first_convs = [w.shape[0] for k, w in weights.items() if k.endswith("network.0.weight")]
@@ -299,7 +303,7 @@ def test_evaluation_refuses_weights_of_another_network(trained, tmp_path, monkey
     script, flags, run_dir = trained
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exc:
-        train(script, [*flags, *other, "--eval-only", str(run_dir / f"{script.SCRIPT}.cleanrl_model")])
+        train(script, [*flags, *other, "--eval-only", str(saved_model(flags, run_dir))])
     assert "the weights do not fit this network" in one_error_line(capsys, exc)
 
 
@@ -384,10 +388,12 @@ def test_only_the_last_checkpoint_missing_ends_the_run_with_status_4(name, tmp_p
 
 def test_keep_checkpoints_prunes_the_oldest(tmp_path):
     script = load_script("ppo_procgen_full")
+    run_dir = tmp_path / "starpilot__lr[1e-3]__1__0"  # a name with a glob pattern's characters
+    run_dir.mkdir()
     for i in range(1, 6):
-        script.plumbing.save_checkpoint(str(tmp_path), f"iter_{i:08d}.pt", {"iteration": i}, keep=2)
+        script.plumbing.save_checkpoint(str(run_dir), f"iter_{i:08d}.pt", {"iteration": i}, keep=2)
         time.sleep(0.01)
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["iter_00000004.pt", "iter_00000005.pt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_00000004.pt", "iter_00000005.pt"]
 
 
 def test_resuming_a_finished_run_says_so_and_writes_nothing(trained, monkeypatch, capsys):
