@@ -17,6 +17,7 @@ import os
 import pickle
 import random
 import re
+import shlex
 import signal
 import socket
 import sys
@@ -565,7 +566,7 @@ def exit_unless_kept(run_dir):
     saying what is on disk: a scheduler or a sweep that reads the status must not take it for a run to resume or use."""
     missed = NOT_WRITTEN.pop(run_dir, {})
     if "checkpoint" in missed:
-        found = checkpoints(run_dir)
+        found = [shlex.quote(path) for path in checkpoints(run_dir)]  # as a shell takes them
         then = f"resume with: python {SCRIPT}.py --resume {found[-1]}" if found else "the run cannot be resumed"
         print(f"{SCRIPT}.py: error: the run ended without its last checkpoint, {missed['checkpoint']}; "
               f"{what_is_kept(run_dir)}: {then}", file=sys.stderr, flush=True)  # fmt: skip
@@ -839,8 +840,8 @@ class Run:
         self.complete = self.start_iteration > args.num_iterations and not inside_a_phase
         if self.complete:  # nothing left to do: say so, and write nothing
             console(f"{self.dir} is complete: {self.ckpt['iteration']} of {args.num_iterations} iterations, "
-                    f"{self.ckpt['global_step']} steps; to extend it: python {SCRIPT}.py --resume {self.dir} "
-                    f"--total-timesteps {2 * args.total_timesteps}")  # fmt: skip
+                    f"{self.ckpt['global_step']} steps; to extend it: python {SCRIPT}.py --resume "
+                    f"{shlex.quote(self.dir)} --total-timesteps {2 * args.total_timesteps}")  # fmt: skip
             return
         if args.rank == 0:
             set_aside_newer(self.ckpt, self.dir)
@@ -988,7 +989,7 @@ class Run:
                 console(f"stopped by {name} after {where}; no checkpoint was written")
             elif self.args.rank == 0:
                 console(f"stopped by {name} after {where}, checkpoint {path}\n"
-                        f"resume with: python {SCRIPT}.py --resume {path}")  # fmt: skip
+                        f"resume with: python {SCRIPT}.py --resume {shlex.quote(path)}")  # fmt: skip
             raise SystemExit(128 + signum)
 
     def after(self, iteration, global_step, last):

@@ -4,6 +4,7 @@ import copy
 import fcntl
 import functools
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -177,9 +178,9 @@ def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_from_that_epoch(tm
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_stop_signal_writes_a_checkpoint_that_resumes(tmp_path, signum):
     """SIGTERM (a scheduler), and SIGHUP (the terminal or the ssh connection went away): the iteration finishes, a
-    checkpoint is written, and the run resumes from it."""
+    checkpoint is written, and the run resumes from it, by the command the run printed (its name has a space)."""
     script = [*python(), str(ROOT / "ppo_procgen_full.py")]
-    cmd = [*script, *smoke_args("ppo_procgen_full"), "--total-timesteps", "4096"]
+    cmd = [*script, *smoke_args("ppo_procgen_full"), "--total-timesteps", "4096", "--exp-name", "run 1"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:  # wait until training runs, then ask it to stop
         if line.startswith("iter 1/"):
@@ -188,15 +189,16 @@ def test_a_stop_signal_writes_a_checkpoint_that_resumes(tmp_path, signum):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signum, err
     assert f"stopped by {signal.Signals(signum).name} after iteration" in out
-    assert "resume with: python ppo_procgen_full.py --resume" in out
+    resume = shlex.split(out.split("resume with: ")[1].splitlines()[0])  # as a shell reads it
     (ckpt_path,) = (tmp_path / "runs").glob("*/checkpoints/iter_*.pt")
+    assert resume[:3] == ["python", "ppo_procgen_full.py", "--resume"] and tmp_path / resume[3] == ckpt_path
     ckpt = torch.load(ckpt_path, weights_only=False)
     stopped_at = ckpt["iteration"]
     assert ckpt["global_step"] == 128 * stopped_at and ckpt["model"]
     # the run's own flags come back as defaults: only the path and a new length are given
     total = 128 * (stopped_at + 1)
-    done = subprocess.run([*script, "--resume", str(ckpt_path.parent.parent), "--total-timesteps", str(total)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run([*script, *resume[2:], "--total-timesteps", str(total)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"iter {stopped_at + 1}/{stopped_at + 1}  step {total}" in done.stdout
 
@@ -218,7 +220,7 @@ def trained(request, tmp_path_factory):
     RUN_DIR`: a sweep names its runs so)."""
     script = load_script(request.param)
     flags = [*smoke_args(request.param), "--device", "cpu", "--checkpoint-interval", "1", "--save-model"]
-    flags += ["--exp-name", f"{request.param}[lr=1e-3]*"]
+    flags += ["--exp-name", f"{request.param} [lr=1e-3]*"]
     return script, flags, run_once(tmp_path_factory, script, flags)
 
 
@@ -403,6 +405,8 @@ def test_resuming_a_finished_run_says_so_and_writes_nothing(trained, monkeypatch
     assert train(script, [*flags, "--resume", str(run_dir)]) == run_dir.name
     out = capsys.readouterr().out
     assert "is complete: 2 of 2 iterations, 256 steps" in out and "--total-timesteps 512" in out, out
+    command = shlex.split(out.split("to extend it: ")[1].splitlines()[0])  # as a shell reads the run's odd name
+    assert command[2:] == ["--resume", f"runs/{run_dir.name}", "--total-timesteps", "512"], command
     assert sorted(run_dir.rglob("*")) == files  # no new event file, no checkpoint
 
 
@@ -445,7 +449,7 @@ def test_a_full_disk_skips_the_checkpoint_and_keeps_the_earlier_ones(trained, tm
         )
     assert proc.stderr.strip().splitlines()[-1] == (
         f"{script.SCRIPT}.py: error: the run ended without its last checkpoint, {path}; the newest checkpoint kept is "
-        f"{kept} (iteration 2): resume with: python {script.SCRIPT}.py --resume {kept}"
+        f"{kept} (iteration 2): resume with: python {script.SCRIPT}.py --resume {shlex.quote(kept)}"
     )
     assert "iter 4/4" in proc.stdout  # training went on to the end
     assert contents(run_dir / "checkpoints") == before  # no temporary file left, the earlier checkpoints whole
