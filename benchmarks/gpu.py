@@ -7,8 +7,9 @@ and the figures that a CPU cannot give, gathered in GPU.md with the GPU, torch a
 The steps, each timed, each one's output kept beside GPU.md:
   1. the CUDA tests: `python -m pytest -k "cuda or gpu"`, tests/test_gpu.py's first (the GPU's defaults);
   2. `throughput.py --suite gpu --device cuda --reps 3 --only ...`: the lean loop, then PPO's GPU defaults (CUDA
-     graphs and the folded rollout), and PPG's two alike over whole phases, each the mean of whole iterations after a
-     warm-up, the rows alternating (the table's other rows, each option alone: the same command without `--only`);
+     graphs and the folded rollout), PPG's two alike over whole phases, then PPO's defaults with torch's CPU threads on
+     every core (the default before one thread), each the mean of whole iterations after a warm-up, the rows
+     alternating (the table's other rows, each option alone: the same command without `--only`);
      inductor's cache filled first by one untimed compiled iteration of PPO and one of PPG, at once; each run killed
      past `--row-timeout` (2 minutes), a failing one written with its exit status and last stderr lines, the CUDA
      graphs that inductor skipped named. Whether the GPU's defaults are faster than the lean loop is read here;
@@ -68,10 +69,10 @@ def run_step(cmd, timeout, env):
 
 
 QUICK_ROWS = ["PPO default (", "PPO eager, --rollout folded", "PPO eager, --rollout pipelined"]
-# the kit's speed rows, 3 repetitions each: the lean loop and the GPU's defaults, PPO's and PPG's, and PPO's defaults
-# with torch's CPU threads on every core, as before one thread became a GPU's default (the others, each option alone,
-# once: `throughput.py --suite gpu --device cuda`)
-KIT_ROWS = ["PPO eager, --rollout plain", "PPO default (", "PPO default, torch's", "PPG eager", "PPG default"]
+# the kit's speed rows, 3 repetitions each: the lean loop and the GPU's defaults, PPO's and PPG's, and last (the step's
+# limit cuts the last rows) PPO's defaults with torch's CPU threads on every core, as before one thread became a GPU's
+# default (the others, each option alone, once: `throughput.py --suite gpu --device cuda`)
+KIT_ROWS = ["PPO eager, --rollout plain", "PPO default (", "PPG eager", "PPG default", "PPO default, torch's"]
 
 
 def steps(opts):

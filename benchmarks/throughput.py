@@ -76,10 +76,10 @@ PPG_ROW = ["--n-iteration", "1"]
 GPU_CONFIGS = [
     ("PPO eager, --rollout plain (the lean loop)", "ppo_procgen_full", EAGER, {}),
     ("PPO default (a GPU: CUDA graphs, --rollout folded)", "ppo_procgen_full", [], {}),
-    ("PPO default, torch's CPU threads on every core (--torch-threads N)", "ppo_procgen_full", ["--torch-threads",
-                                                                                            str(CORES)], {}),
     ("PPG eager, --rollout plain (phases of 1 iteration)", "ppg_procgen_full", [*EAGER, *PPG_ROW], {}),
     ("PPG default (phases of 1 iteration)", "ppg_procgen_full", PPG_ROW, {}),
+    ("PPO default, torch's CPU threads on every core (--torch-threads N)", "ppo_procgen_full", ["--torch-threads",
+                                                                                            str(CORES)], {}),
     ("PPO CUDA graphs, --rollout pipelined", "ppo_procgen_full", [*GRAPHS, "--rollout", "pipelined"], {}),
     ("PPO default, --autocast bf16", "ppo_procgen_full", ["--autocast", "bf16"], {}),
     ("PPO default, --env-threads 8", "ppo_procgen_full", ["--env-threads", "8"], {}),
