@@ -39,6 +39,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
+# the campaign's compile cache at its default --work (learning.py's COMPILE_CACHE), which its runs pack and carry
+CAMPAIGN_CACHE = HERE / "campaign_work" / "compile_cache"
 
 
 # each step's time limit in seconds, meant for one H100: the kit's whole run within 10 minutes
@@ -188,6 +190,9 @@ def main():
         # stopped at its limit never reaches
         reasons = log.with_suffix(".failures.log")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TESTS_FAILURES_FILE": str(reasons)}
+        if title == "Speed options":  # its compiled stages are the campaign's runs': a campaign after it loads them
+            cache = opts.out / "compile_cache" if opts.quick else CAMPAIGN_CACHE  # a check leaves the tree alone
+            env |= {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
         status, output = run_step(cmd, limit, env)
         seconds = time.time() - start
         log.write_text(output)

@@ -88,8 +88,16 @@ def test_the_gpu_kit_runs_every_step_in_quick_mode_whatever_its_rows_do(tmp_path
     two are made to fail: the table is written with the third measured, and names the others with the exit status and
     last stderr line. (A row past its time limit: the test below.)"""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path / "kit")]
-    proc = run_routed(cmd, timeout=900, at_start=planted(tmp_path, PLANTED))
+    proc = run_routed(cmd, timeout=900, at_start=planted(tmp_path, PLANTED + SEEN_CACHE.format(tmp_path / "caches")))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # the speed step is missing rows
+    # the speed step's runs compile into the campaign's cache (a check: its own), so that a campaign after the kit
+    # starts warm; the campaign's cache is at its default --work
+    import gpu
+    import learning
+
+    assert str(tmp_path / "kit" / "compile_cache") in (tmp_path / "caches").read_text().splitlines()
+    campaign = learning.parse(["campaign", "--budget", "0"])[0]
+    assert gpu.CAMPAIGN_CACHE == campaign.work / learning.COMPILE_CACHE
     kit = (tmp_path / "kit" / "GPU.md").read_text()
     for title, verdict in (("CUDA tests", "ok"), ("Speed options", "FAILED (exit 1)"), ("Machine full", "ok")):
         assert f"## {title}" in kit and f"{title}: {verdict}" in proc.stdout, (title, proc.stdout)
@@ -576,10 +584,19 @@ def test_the_loop_cost_benchmark_writes_its_table(tmp_path):
     assert all(float(row[1]) > 0 for row in rows[1:])
 
 
+# every Python process of a routed run notes the inductor cache it was given
+SEEN_CACHE = """import os
+if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    open("{}", "a").write(os.environ["TORCHINDUCTOR_CACHE_DIR"] + "\\n")
+"""
+
+
 def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tmp_path):
     """Quick mode: a PPO run of 5 tiny iterations, stopped by the campaign after 2 of them (it writes its checkpoint
     and exits), packed into parts under the size limit; its folder then lost, as on another machine, and resumed from
-    the parts to the end: every statistic logged equals the same run's in one chunk. A run done is not started again."""
+    the parts to the end: every statistic logged equals the same run's in one chunk. A run done is not started again.
+    The runs compile into the campaign's own inductor cache, which is packed and travels with them (planted here: the
+    quick runs compile nothing)."""
     flags = smoke_args("ppo_procgen_full")
     del flags[flags.index("--total-timesteps") : flags.index("--total-timesteps") + 2]  # the plan's total
     run = {"script": "ppo_procgen_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 5 * 128, "flags": flags}
@@ -590,11 +607,16 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
         cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "campaign", "--budget", "600", "--plan",
                str(tmp_path / "plan.json"), "--state", str(tmp_path / state), "--work", str(tmp_path / f"{state}_work"),
                "--report", str(tmp_path / f"{state}_report"), "--part-mb", "1", *more]  # fmt: skip
-        proc = run_routed(cmd, timeout=600)
+        proc = run_routed(cmd, timeout=600, at_start=planted(tmp_path, SEEN_CACHE.format(tmp_path / "caches.txt")))
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
+    cache = tmp_path / "chunked_work" / "compile_cache"
+    (cache / "fxgraph").mkdir(parents=True)
+    (cache / "fxgraph" / "entry").write_text("a compiled stage")
     out = campaign("chunked", "--chunk-iterations", "2")
+    assert f"{cache}\n" in (tmp_path / "caches.txt").read_text()  # the run's own inductor cache
+    assert "compile_cache: packed into" in out and (tmp_path / "chunked" / "compile_cache.tar.xz.001of001").is_file()
     assert f"{key}: starts" in out and "this window's runs, up to 1 at once:" in out
     first = json.loads((tmp_path / "chunked_work" / key / "campaign.json").read_text())
     assert not first["done"] and first["iteration"] in (2, 3) and first["step"] == 128 * first["iteration"]
@@ -606,6 +628,7 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
     assert len(parts) > 1 and all(p.stat().st_size <= limit for p in parts)  # a checkpoint of ~6 MB, in parts
     shutil.rmtree(tmp_path / "chunked_work")  # another machine: the packed parts alone travel
     assert f"{key}: resumes from" in campaign("chunked")
+    assert (cache / "fxgraph" / "entry").read_text() == "a compiled stage"
     again = campaign("chunked")
     assert "starts" not in again and "resumes" not in again  # done: never again
     campaign("whole")
