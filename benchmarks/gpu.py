@@ -121,6 +121,14 @@ def steps(opts):
     ]
 
 
+def step_env(title, opts):
+    """What a step's environment adds: the speed step's compiled stages go into the campaign's compile cache (they are
+    the campaign's runs': a campaign after the kit loads them); a check on a CPU compiles nothing, and adds none."""
+    if title != "Speed options" or opts.quick:
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": str(CAMPAIGN_CACHE), "TRITON_CACHE_DIR": str(CAMPAIGN_CACHE / "triton")}
+
+
 # a game made and stepped, as every step will: on one GPU machine procgen's library could not load (libGL.so.1
 # missing) and every step failed for that alone
 GAMES_LOAD = (
@@ -190,9 +198,7 @@ def main():
         # stopped at its limit never reaches
         reasons = log.with_suffix(".failures.log")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TESTS_FAILURES_FILE": str(reasons)}
-        if title == "Speed options":  # its compiled stages are the campaign's runs': a campaign after it loads them
-            cache = opts.out / "compile_cache" if opts.quick else CAMPAIGN_CACHE  # a check leaves the tree alone
-            env |= {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
+        env |= step_env(title, opts)
         status, output = run_step(cmd, limit, env)
         seconds = time.time() - start
         log.write_text(output)

@@ -430,6 +430,15 @@ ITERATION_LINE = re.compile(r"^iter (\d+)/(\d+)  step (\d+)  SPS \d+  \(([\d.]+)
 COMPILE_CACHE = "compile_cache"
 
 
+def compile_cache_env(flags, cache):
+    """The environment that points inductor's and Triton's caches at `cache`, for a run whose flags (the plan's and
+    those after `--`) name a `--compile` mode other than off; else none (nothing to keep)."""
+    modes = [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag == "--compile"]
+    if not modes or modes[-1] == "off":
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
+
+
 def plan_runs(path):
     """The plan's runs in order, by key: each a dict of script (a full file: the runs resume), env_id, seed,
     total_timesteps, flags (default none), name (its `--exp-name`, default the lean file's name, as the report groups
@@ -636,14 +645,14 @@ def campaign(opts, extra):
     # cores leave procgen's threads none (`throughput.py --suite machine`)
     share = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // opts.parallel))}
     cache = opts.work / COMPILE_CACHE  # the runs' compiled stages, which travel with them
-    share |= {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
     while (queue and not stopping) or live:
         try:
             left = deadline - time.time()
             stopping = stopping or left < opts.margin
             while queue and not stopping and len(live) < opts.parallel and left > 2 * opts.margin:
                 key = queue.pop(0)
-                live.append(Chunk(key, plan[key], opts.work, extra, opts.checkpoint_interval, {**os.environ, **share}))
+                env = {**os.environ, **share, **compile_cache_env(plan[key]["flags"] + extra, cache)}
+                live.append(Chunk(key, plan[key], opts.work, extra, opts.checkpoint_interval, env))
             for chunk in live:
                 chunk.read()
                 chunk.at_once = max(chunk.at_once, len(live))

@@ -88,16 +88,8 @@ def test_the_gpu_kit_runs_every_step_in_quick_mode_whatever_its_rows_do(tmp_path
     two are made to fail: the table is written with the third measured, and names the others with the exit status and
     last stderr line. (A row past its time limit: the test below.)"""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path / "kit")]
-    proc = run_routed(cmd, timeout=900, at_start=planted(tmp_path, PLANTED + SEEN_CACHE.format(tmp_path / "caches")))
+    proc = run_routed(cmd, timeout=900, at_start=planted(tmp_path, PLANTED))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # the speed step is missing rows
-    # the speed step's runs compile into the campaign's cache (a check: its own), so that a campaign after the kit
-    # starts warm; the campaign's cache is at its default --work
-    import gpu
-    import learning
-
-    assert str(tmp_path / "kit" / "compile_cache") in (tmp_path / "caches").read_text().splitlines()
-    campaign = learning.parse(["campaign", "--budget", "0"])[0]
-    assert gpu.CAMPAIGN_CACHE == campaign.work / learning.COMPILE_CACHE
     kit = (tmp_path / "kit" / "GPU.md").read_text()
     for title, verdict in (("CUDA tests", "ok"), ("Speed options", "FAILED (exit 1)"), ("Machine full", "ok")):
         assert f"## {title}" in kit and f"{title}: {verdict}" in proc.stdout, (title, proc.stdout)
@@ -584,19 +576,59 @@ def test_the_loop_cost_benchmark_writes_its_table(tmp_path):
     assert all(float(row[1]) > 0 for row in rows[1:])
 
 
-# every Python process of a routed run notes the inductor cache it was given
-SEEN_CACHE = """import os
-if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-    open("{}", "a").write(os.environ["TORCHINDUCTOR_CACHE_DIR"] + "\\n")
-"""
+def test_compiled_runs_keep_their_stages_in_the_campaign_s_cache(tmp_path, monkeypatch):
+    """A campaign's run whose flags compile gets the campaign's inductor and Triton caches (a run that does not: none,
+    as nothing is kept); the GPU kit's speed step compiles into the campaign's cache at its default `--work` (a check
+    on a CPU: none), so that a campaign after the kit starts warm."""
+    import argparse
+    import types
+
+    import gpu
+    import learning
+
+    cache = tmp_path / "compile_cache"
+    into = {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
+    assert learning.compile_cache_env(["--seed", "1", "--compile", "reduce-overhead"], cache) == into
+    for flags in ([], ["--compile", "off"], ["--compile", "default", "--compile", "off"]):
+        assert learning.compile_cache_env(flags, cache) == {}, flags
+    campaign = learning.parse(["campaign", "--budget", "0"])[0]
+    assert gpu.CAMPAIGN_CACHE == campaign.work / learning.COMPILE_CACHE
+    # the campaign hands each run its environment: two runs of a plan, one compiled, each done at once
+    plan = [{"script": "ppo_procgen_full", "env_id": game, "seed": 1, "total_timesteps": 128, "flags": flags}
+            for game, flags in (("starpilot", ["--compile", "reduce-overhead"]), ("bigfish", []))]  # fmt: skip
+    (tmp_path / "plan.json").write_text(json.dumps({"runs": plan}))
+    envs = {}
+
+    class Done:  # a chunk whose process has ended, done
+        def __init__(self, key, run, work, extra, interval, env):
+            self.key, self.proc, self.at_once, envs[key] = key, types.SimpleNamespace(poll=lambda: 0), 1, env
+            (work / key).mkdir(parents=True)
+
+        def read(self):
+            pass
+
+        def close(self):
+            return False
+
+    argv = ["campaign", "--budget", "600", "--plan", str(tmp_path / "plan.json"), "--work", str(tmp_path / "work"),
+            "--state", str(tmp_path / "state"), "--report", str(tmp_path / "report")]  # fmt: skip
+    monkeypatch.setattr(learning, "Chunk", Done)
+    monkeypatch.setattr(learning, "check_script_flags", lambda *a: None)
+    monkeypatch.setattr(learning, "write_campaign_report", lambda *a: None)
+    learning.campaign(*learning.parse(argv))
+    assert envs["starpilot__ppo_procgen__1"]["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "work" / "compile_cache")
+    assert envs["bigfish__ppo_procgen__1"].get("TORCHINDUCTOR_CACHE_DIR") == os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    kit = argparse.Namespace(quick=False, out=tmp_path)
+    assert gpu.step_env("Speed options", kit)["TORCHINDUCTOR_CACHE_DIR"] == str(gpu.CAMPAIGN_CACHE)
+    assert gpu.step_env("CUDA tests", kit) == {} and gpu.step_env("Speed options", argparse.Namespace(quick=True)) == {}
 
 
 def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tmp_path):
     """Quick mode: a PPO run of 5 tiny iterations, stopped by the campaign after 2 of them (it writes its checkpoint
     and exits), packed into parts under the size limit; its folder then lost, as on another machine, and resumed from
     the parts to the end: every statistic logged equals the same run's in one chunk. A run done is not started again.
-    The runs compile into the campaign's own inductor cache, which is packed and travels with them (planted here: the
-    quick runs compile nothing)."""
+    The campaign's own inductor cache is packed and travels with the runs (planted here: the quick runs compile
+    nothing)."""
     flags = smoke_args("ppo_procgen_full")
     del flags[flags.index("--total-timesteps") : flags.index("--total-timesteps") + 2]  # the plan's total
     run = {"script": "ppo_procgen_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 5 * 128, "flags": flags}
@@ -607,7 +639,7 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
         cmd = [sys.executable, str(ROOT / "benchmarks" / "learning.py"), "campaign", "--budget", "600", "--plan",
                str(tmp_path / "plan.json"), "--state", str(tmp_path / state), "--work", str(tmp_path / f"{state}_work"),
                "--report", str(tmp_path / f"{state}_report"), "--part-mb", "1", *more]  # fmt: skip
-        proc = run_routed(cmd, timeout=600, at_start=planted(tmp_path, SEEN_CACHE.format(tmp_path / "caches.txt")))
+        proc = run_routed(cmd, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc.stdout
 
@@ -615,7 +647,6 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
     (cache / "fxgraph").mkdir(parents=True)
     (cache / "fxgraph" / "entry").write_text("a compiled stage")
     out = campaign("chunked", "--chunk-iterations", "2")
-    assert f"{cache}\n" in (tmp_path / "caches.txt").read_text()  # the run's own inductor cache
     assert "compile_cache: packed into" in out and (tmp_path / "chunked" / "compile_cache.tar.xz.001of001").is_file()
     assert f"{key}: starts" in out and "this window's runs, up to 1 at once:" in out
     first = json.loads((tmp_path / "chunked_work" / key / "campaign.json").read_text())
