@@ -39,8 +39,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
-# the campaign's compile cache at its default --work (learning.py's COMPILE_CACHE), which its runs pack and carry
-CAMPAIGN_CACHE = HERE / "campaign_work" / "compile_cache"
 
 
 # each step's time limit in seconds, meant for one H100: the kit's whole run within 10 minutes
@@ -126,7 +124,9 @@ def step_env(title, opts):
     the campaign's runs': a campaign after the kit loads them); a check on a CPU compiles nothing, and adds none."""
     if title != "Speed options" or opts.quick:
         return {}
-    return {"TORCHINDUCTOR_CACHE_DIR": str(CAMPAIGN_CACHE), "TRITON_CACHE_DIR": str(CAMPAIGN_CACHE / "triton")}
+    import learning  # beside this file
+
+    return learning.cache_env(learning.WORK / learning.COMPILE_CACHE)
 
 
 # a game made and stepped, as every step will: on one GPU machine procgen's library could not load (libGL.so.1

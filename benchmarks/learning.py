@@ -38,6 +38,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import throughput
 import tyro
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -428,14 +429,11 @@ ITERATION_LINE = re.compile(r"^iter (\d+)/(\d+)  step (\d+)  SPS \d+  \(([\d.]+)
 # loads them where it would compile them afresh (one CPU run's first iteration: 42 s cold, 6 s from a cache copied to
 # another folder; 4.6 MB, 0.25 MB packed)
 COMPILE_CACHE = "compile_cache"
+WORK = HERE / "campaign_work"  # the runs unpacked, and the compile cache (`--work`'s default)
 
 
-def compile_cache_env(flags, cache):
-    """The environment that points inductor's and Triton's caches at `cache`, for a run whose flags (the plan's and
-    those after `--`) name a `--compile` mode other than off; else none (nothing to keep)."""
-    modes = [flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag == "--compile"]
-    if not modes or modes[-1] == "off":
-        return {}
+def cache_env(cache):
+    """The environment that points inductor's cache, and Triton's kernels in it, at `cache`."""
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
 
 
@@ -651,7 +649,9 @@ def campaign(opts, extra):
             stopping = stopping or left < opts.margin
             while queue and not stopping and len(live) < opts.parallel and left > 2 * opts.margin:
                 key = queue.pop(0)
-                env = {**os.environ, **share, **compile_cache_env(plan[key]["flags"] + extra, cache)}
+                # a run whose flags compile keeps its stages in the cache (`auto` on a GPU is not known here)
+                compiled = throughput.compiles(plan[key]["flags"] + extra, "cpu")
+                env = {**os.environ, **share, **(cache_env(cache) if compiled else {})}
                 live.append(Chunk(key, plan[key], opts.work, extra, opts.checkpoint_interval, env))
             for chunk in live:
                 chunk.read()
@@ -756,7 +756,7 @@ def parse(argv):
         default=HERE / "campaign" / "state",
         help="the packed runs that travel between windows: read first, rewritten at the end",
     )
-    p_campaign.add_argument("--work", type=Path, default=HERE / "campaign_work", help="the runs, unpacked")
+    p_campaign.add_argument("--work", type=Path, default=WORK, help="the runs, unpacked")
     p_campaign.add_argument(
         "--report",
         type=Path,

@@ -587,15 +587,14 @@ def test_compiled_runs_keep_their_stages_in_the_campaign_s_cache(tmp_path, monke
     import learning
 
     cache = tmp_path / "compile_cache"
-    into = {"TORCHINDUCTOR_CACHE_DIR": str(cache), "TRITON_CACHE_DIR": str(cache / "triton")}
-    assert learning.compile_cache_env(["--seed", "1", "--compile", "reduce-overhead"], cache) == into
-    for flags in ([], ["--compile", "off"], ["--compile", "default", "--compile", "off"]):
-        assert learning.compile_cache_env(flags, cache) == {}, flags
-    campaign = learning.parse(["campaign", "--budget", "0"])[0]
-    assert gpu.CAMPAIGN_CACHE == campaign.work / learning.COMPILE_CACHE
-    # the campaign hands each run its environment: two runs of a plan, one compiled, each done at once
+    assert learning.cache_env(cache) == {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+    }
+    # the campaign hands each run its environment: three runs of a plan, one compiled, each done at once
     plan = [{"script": "ppo_procgen_full", "env_id": game, "seed": 1, "total_timesteps": 128, "flags": flags}
-            for game, flags in (("starpilot", ["--compile", "reduce-overhead"]), ("bigfish", []))]  # fmt: skip
+            for game, flags in (("starpilot", ["--seed", "1", "--compile", "reduce-overhead"]), ("bigfish", []),
+                                ("coinrun", ["--compile", "off"]))]  # fmt: skip
     (tmp_path / "plan.json").write_text(json.dumps({"runs": plan}))
     envs = {}
 
@@ -617,9 +616,11 @@ def test_compiled_runs_keep_their_stages_in_the_campaign_s_cache(tmp_path, monke
     monkeypatch.setattr(learning, "write_campaign_report", lambda *a: None)
     learning.campaign(*learning.parse(argv))
     assert envs["starpilot__ppo_procgen__1"]["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "work" / "compile_cache")
-    assert envs["bigfish__ppo_procgen__1"].get("TORCHINDUCTOR_CACHE_DIR") == os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    for key in ("bigfish__ppo_procgen__1", "coinrun__ppo_procgen__1"):  # the campaign's own, whatever it is
+        assert envs[key].get("TORCHINDUCTOR_CACHE_DIR") == os.environ.get("TORCHINDUCTOR_CACHE_DIR"), key
     kit = argparse.Namespace(quick=False, out=tmp_path)
-    assert gpu.step_env("Speed options", kit)["TORCHINDUCTOR_CACHE_DIR"] == str(gpu.CAMPAIGN_CACHE)
+    default_work = learning.parse(["campaign", "--budget", "0"])[0].work
+    assert gpu.step_env("Speed options", kit) == learning.cache_env(default_work / learning.COMPILE_CACHE)
     assert gpu.step_env("CUDA tests", kit) == {} and gpu.step_env("Speed options", argparse.Namespace(quick=True)) == {}
 
 
