@@ -1,6 +1,6 @@
 """The plumbing of the full files, ppo_procgen_full.py and ppg_procgen_full.py, written once: checkpoints and exact
 resume, torchrun, every flag's rule and the one-line errors, the console and its status line, signals and the process's
-settings, the evaluation of a saved agent, the folded and pipelined rollouts, and the compiled stages. Nothing here
+settings, the evaluation of a saved agent, the folded rollout, and the compiled stages. Nothing here
 changes what is learned: the algorithm and its options (V-trace, prioritised sampling, RND, PPG's phases) are in each
 full file, which calls these by name (`plumbing.save_checkpoint(...)`). The lean files import nothing from here."""
 
@@ -77,74 +77,48 @@ def add_aliases(Args, aliases):
         ]
 
 
-# Folded and pipelined rollouts [35]: the games step while the policy computes
+# The folded rollout [35]: the games step while the policy computes
 class AheadSteps:
-    """procgen's gym3 games in `parts` instances, each of whose steps may start (`act_ahead`) before the adapter's
-    `step` waits for them all; made with the whole's games' states (procgen seeds games in order from one seed).
-    `between` (pipelined) is called with the first part's observations while the others still step."""
+    """procgen's gym3 games, whose next step may start (`act_ahead`) before the adapter's `step` waits for it."""
 
-    def __init__(self, whole, parts, make):
-        self.size, self.started, self.between = whole.num // parts, [False] * parts, None
-        self.parts = [whole] if parts == 1 else [make(num=self.size) for _ in range(parts)]
-        if parts > 1:
-            self.set_state(whole.get_state())
+    def __init__(self, games):
+        self.games, self.started = games, False
 
-    def act_ahead(self, actions, part=None):
-        """Start the step of one part (`actions` are its own) or of all of them, and return at once."""
-        for k in range(len(self.parts)) if part is None else [part]:
-            self.parts[k].act(actions if part is not None else actions[k * self.size : (k + 1) * self.size])
-            self.started[k] = True
+    def act_ahead(self, actions):
+        self.games.act(actions)
+        self.started = True
 
     def act(self, actions):
-        """The adapter's step: the parts whose step has not started yet."""
-        for k, part in enumerate(self.parts):
-            if not self.started[k]:
-                part.act(actions[k * self.size : (k + 1) * self.size])
-        self.started = [False] * len(self.parts)
+        """The adapter's step: unless the policy step started it already."""
+        if not self.started:
+            self.games.act(actions)
+        self.started = False
 
-    def observe(self):
-        seen = [self.parts[0].observe()]  # gym3 copies what it returns: a step started now does not overwrite it
-        if self.between is not None and len(self.parts) > 1:
-            self.between(seen[0][1]["rgb"])
-        seen += [part.observe() for part in self.parts[1:]]
-        if len(seen) == 1:
-            return seen[0]
-        r, obs, first = zip(*seen, strict=True)
-        return np.concatenate(r), {"rgb": np.concatenate([o["rgb"] for o in obs])}, np.concatenate(first)
-
-    def get_state(self):
-        return [state for part in self.parts for state in part.get_state()]
-
-    def set_state(self, states):
-        for k, part in enumerate(self.parts):
-            part.set_state(states[k * self.size : (k + 1) * self.size])
+    def __getattr__(self, name):  # observe, get_state, set_state: the games' own (gym3 copies what it returns)
+        return getattr(self.games, name)
 
 
 class RolloutPolicy:
     """[35] One rollout's policy step: the lean loop's `policy_step` (`--rollout plain`); folded, the test envs' own
-    forward pass follows the training envs' and starts their step (`step_test_envs` waits for it); pipelined, each
-    half of the training envs steps while the other half's actions are computed (the first half's inside the envs'
-    step: `first_half_ahead`). The noise is drawn ahead a step's draw at a time, as the plain loop draws it (a GPU's
-    generator gives other numbers for one tensor of all the steps); the test envs' from their own generator."""
+    forward pass follows the training envs', whose games step meanwhile, and starts the test envs' step too
+    (`step_test_envs` waits for it). The noise is drawn ahead a step's draw at a time, as the plain loop draws it (a
+    GPU's generator gives other numbers for one tensor of all the steps); the test envs' from their own generator."""
 
     def __init__(self, agent, policy_step, envs, test_envs, test_obs, args, to_device, iteration, log_episodes):
         self.eval_now = args.eval_interval > 0 and iteration % args.eval_interval == 0  # the test envs step now
-        self.folded = self.eval_now and args.rollout != "plain"  # and inside the rollout
+        self.folded = self.eval_now and args.rollout == "folded"  # and inside the rollout
         self.test_envs, self.test_obs = (test_envs, test_obs) if self.folded else (None, None)
         self.agent, self.policy_step, self.envs = agent, policy_step, envs  # [36] the stage, compiled or not
         self.to_device, self.log_episodes, self.t, self.test_episodes, self.noise = to_device, log_episodes, 0, [], None
-        self.size, self.first = envs.num_envs // (2 if args.rollout == "pipelined" else 1), None
-        if isinstance(getattr(envs.unwrapped, "env", None), AheadSteps):  # procgen-gym's games step in `step` alone
-            envs.unwrapped.env.between = self.first_half_ahead if args.rollout == "pipelined" else None
         device, actions = next(agent.parameters()).device, envs.single_action_space.n
 
         def drawn(num_envs):  # the rollout's noise, a step's draw at a time, as `policy_step` draws it
             steps = [torch.empty((num_envs, actions), device=device).exponential_() for _ in range(args.num_steps)]
             return torch.stack(steps)
 
-        if args.rollout != "plain":
+        if args.rollout == "folded":
             self.noise = drawn(envs.num_envs)
-        if self.test_envs is not None:  # the test envs' noise, from the plain test loop's own generator
+        if self.folded:  # the test envs' noise, from the plain test loop's own generator
             with torch.random.fork_rng([device] if device.type == "cuda" else []):
                 torch.manual_seed(args.seed + 7919 * args.rank + 1_000_003 + iteration)  # [30] each process's own
                 self.test_noise = drawn(test_envs.num_envs)
@@ -152,30 +126,13 @@ class RolloutPolicy:
     def __call__(self, next_obs):
         if self.noise is None:
             return self.policy_step(self.agent, next_obs)
-        outs, parts = [], len(next_obs) // self.size
-        for k in range(parts):
-            rows = slice(k * self.size, (k + 1) * self.size)
-            if k == 0 and self.first is not None:  # pipelined: computed, and stepping, since the last step's envs
-                outs.append(self.first)
-                self.first = None
-                continue
-            outs.append(self.policy_step(self.agent, next_obs[rows], self.noise[self.t, rows]))
-            if k < parts - 1 or self.test_envs is not None:  # with the test envs, the last part's too: its games
-                self.envs.unwrapped.act_ahead(outs[-1][0].cpu().numpy(), k)  # step while their forward pass runs
-        if self.test_envs is not None:  # a forward pass of their own, started before the training envs wait
+        out = self.policy_step(self.agent, next_obs, self.noise[self.t])
+        if self.folded:  # the training envs' games step while the test envs' forward pass runs, then theirs start
+            self.envs.unwrapped.act_ahead(out[0].cpu().numpy())
             self.test_action = self.policy_step(self.agent, self.test_obs, self.test_noise[self.t])[0].cpu().numpy()
             self.test_envs.unwrapped.act_ahead(self.test_action)
         self.t += 1
-        return outs[0] if len(outs) == 1 else [torch.cat(o) for o in zip(*outs, strict=True)]
-
-    def first_half_ahead(self, obs):
-        """Pipelined, inside the envs' step, the first half's games answered and the second half's still stepping: the
-        first half's next actions from its observations, and their step started (not after the rollout's last step:
-        the next rollout's actions come from the updated weights)."""
-        if self.t < len(self.noise):
-            obs = self.to_device("first_half_obs", obs)
-            self.first = self.policy_step(self.agent, obs, self.noise[self.t, : self.size])
-            self.envs.unwrapped.act_ahead(self.first[0].cpu().numpy(), 0)
+        return out
 
     def test_results(self, test_obs, episodes, global_step):
         """Folded, at the rollout's end: the test envs' episodes join `episodes` as the test loop logs them, and their
@@ -187,7 +144,7 @@ class RolloutPolicy:
 
     def step_test_envs(self):
         """Wait for the test envs' step that the policy step started (folded), and keep the episodes that ended."""
-        if self.test_envs is not None:
+        if self.folded:
             test_obs, _, _, _, test_infos = self.test_envs.step(self.test_action)
             self.test_obs = self.to_device("test_obs", test_obs)
             self.log_episodes(self.test_episodes, test_infos, 0, "test_")
@@ -251,17 +208,17 @@ def autocast_bf16(module):
 
 def agent_options(agent, envs, test_envs, args):
     """The agent on its device: the weights to start from (`--init-model`); bf16 autocast [31] of the encoders alone
-    (bf16 heads would round logits and values before the ratio); [35] the folded or pipelined rollout's envs; [30]
+    (bf16 heads would round logits and values before the ratio); [35] the folded rollout's envs; [30]
     under torchrun rank 0's weights everywhere, and each process's own actions."""
     if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
         load_weights(agent, args.init_model, "init-model")
     for name, module in agent.named_children():
         if name in ("network", "value_network") and args.autocast == "bf16":
             autocast_bf16(module)
-    if args.rollout != "plain":
-        envs.unwrapped.start_ahead(2 if args.rollout == "pipelined" else 1)
+    if args.rollout == "folded":
+        envs.unwrapped.start_ahead()
         if test_envs is not None:
-            test_envs.unwrapped.start_ahead(1)
+            test_envs.unwrapped.start_ahead()
     if args.world_size > 1:
         for p in agent.parameters():
             dist.broadcast(p.data, src=0)
@@ -1263,8 +1220,6 @@ def check_every_flag(args, rules, warnings, check_algorithm, memory_needed) -> N
     if args.torch_threads:  # put back when `train` ends (keeps_process_settings)
         torch.set_num_threads(args.torch_threads)
     check_algorithm(args)
-    if args.rollout == "pipelined" and args.local_num_envs % 2:  # [35] two halves
-        arg_error("rollout", "steps the envs in two halves: each process's --num-envs must be even", "pipelined")
     if args.compile == "reduce-overhead" and args.world_size > 1:  # [36] until two GPUs have run it
         arg_error("compile", "would trace the gradients' all-reduce into CUDA graphs: under torchrun use --compile "
                   "default", "reduce-overhead")  # fmt: skip

@@ -224,11 +224,10 @@ class Args:
     """run the network in bfloat16 autocast (losses, ratios and the optimizer stay in fp32)"""
     tune_malloc: bool = True
     """keep glibc's freed memory for reuse instead of unmapping it (about 1.7x faster updates on CPU)"""
-    rollout: Literal["auto", "plain", "folded", "pipelined"] = "auto"
+    rollout: Literal["auto", "plain", "folded"] = "auto"
     """plain: the lean loop, then the test envs' own loop; folded: the test envs in the same forward pass, stepping
-    beside the training envs; pipelined: folded, and the training envs in two halves, each stepping while the other's
-    actions are computed; auto: folded on a GPU (one process), else plain. The same numbers on a CPU (the rollout's
-    noise is drawn ahead, a step's at a time)"""
+    beside the training envs; auto: folded on a GPU (one process), else plain. The same numbers on a CPU (the
+    rollout's noise is drawn ahead, a step's at a time)"""
     compile: Literal["auto", "off", "default", "reduce-overhead"] = "auto"
     """torch.compile the loop's stages, each whole (the policy step, the advantages, the update minibatch, the
     auxiliary minibatch); `reduce-overhead` adds CUDA graphs on a GPU; auto: reduce-overhead on a GPU (one process:
@@ -272,7 +271,6 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         # [2] Seeded level generator: which levels each env plays, in order
         self.env = Procgen(num=num_envs, rand_seed=seed, **procgen_kwargs)
         self.num_envs, self.gym3 = num_envs, hasattr(self.env, "act")  # else procgen-gym's
-        self.make_part = functools.partial(Procgen, rand_seed=seed, **procgen_kwargs)  # [35] a pipelined rollout's
         # ── videos ──
         self.video_dir, self.video_episode, self.frames = video_dir, 0, []  # `--capture-video`: env 0's episodes
         # ── end videos ──
@@ -317,18 +315,18 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
 
     # ── end videos ──
 
-    # ── folded and pipelined rollouts [35] ──
-    def start_ahead(self, parts):
-        """Let the policy step start the games' next step (`act_ahead`), `parts` instances of them stepping apart."""
+    # ── folded rollout [35] ──
+    def start_ahead(self):
+        """Let the policy step start the games' next step (`act_ahead`) before `step` waits for it."""
         if self.gym3:  # procgen-gym steps in `step` alone
-            self.env = plumbing.AheadSteps(self.env, parts, self.make_part)
+            self.env = plumbing.AheadSteps(self.env)
 
-    def act_ahead(self, actions, part=None):
-        """Start the next step of the games of `part` (or of all), and return at once; `step` then waits for it."""
+    def act_ahead(self, actions):
+        """Start the games' next step, and return at once; `step` then waits for it."""
         if self.gym3 and isinstance(self.env, plumbing.AheadSteps):
-            self.env.act_ahead(np.asarray(actions, dtype=np.int32), part)
+            self.env.act_ahead(np.asarray(actions, dtype=np.int32))
 
-    # ── end folded and pipelined rollouts ──
+    # ── end folded rollout ──
 
 
 def make_envs(num_envs, seed, num_levels, start_level, args: Args, video_dir=None):

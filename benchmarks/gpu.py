@@ -72,7 +72,7 @@ def run_step(cmd, timeout, env):
     return proc.returncode, output
 
 
-QUICK_ROWS = ["PPO default (", "PPO eager, --rollout folded", "PPO eager, --rollout pipelined"]
+QUICK_ROWS = ["PPO default (", "PPO eager, --rollout folded", "PPO eager, --rollout plain"]
 # the kit's speed rows, 3 repetitions each: the lean loop and the GPU's defaults, PPO's and PPG's, and last (the step's
 # limit cuts the last rows) PPO's defaults with torch's CPU threads on every core, as before one thread became a GPU's
 # default (the others, each option alone, once: `throughput.py --suite gpu --device cuda`)

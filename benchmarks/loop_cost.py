@@ -39,7 +39,6 @@ ROWS = [
     ("PPG lean", "ppg_procgen", []),
     ("PPO full, --rollout plain", "ppo_procgen_full", []),
     ("PPO full, --rollout folded", "ppo_procgen_full", ["--rollout", "folded"]),
-    ("PPO full, --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"]),
     ("PPO full, --rollout folded --compile default", "ppo_procgen_full", [*FOLDED, "--compile", "default"]),
     ("PPG full, --rollout folded", "ppg_procgen_full", ["--rollout", "folded"]),
     ("PPG full, --rollout folded --compile default", "ppg_procgen_full", [*FOLDED, "--compile", "default"]),
@@ -53,17 +52,11 @@ class InstantGames:
     def __init__(self, num, rand_seed, **kwargs):
         rng = np.random.default_rng(rand_seed)
         self.frames = rng.integers(0, 256, (2, num, 64, 64, 3), dtype=np.uint8)
-        self.reward, self.t, self.num = np.ones(num, dtype=np.float32), 0, num
+        self.reward, self.t = np.ones(num, dtype=np.float32), 0
         self.firsts = (np.arange(50)[:, None] + np.arange(num)[None]) % 50 == 0
 
     def act(self, actions):
         self.t += 1
-
-    def get_state(self):  # a pipelined rollout copies the games' states into its parts
-        return [b""] * self.num
-
-    def set_state(self, states):
-        pass
 
     def observe(self):
         return self.reward, {"rgb": self.frames[self.t % 2]}, self.firsts[self.t % 50]

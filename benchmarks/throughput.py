@@ -46,7 +46,6 @@ CONFIGS = [
     ("PPO fp32 (default)", "ppo_procgen_full", [], {}),
     ("PPO fp32, OMP_WAIT_POLICY=PASSIVE", "ppo_procgen_full", [], {"OMP_WAIT_POLICY": "PASSIVE"}),
     ("PPO fp32, --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
-    ("PPO fp32, --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
     ("PPO fp32, --compile default", "ppo_procgen_full", ["--compile", "default"], {}),
     ("PPG dual (default)", "ppg_procgen_full", ["--n-iteration", "2", "--e-auxiliary", "1"], {}),
 ]
@@ -80,13 +79,11 @@ GPU_CONFIGS = [
     ("PPG default (phases of 1 iteration)", "ppg_procgen_full", PPG_ROW, {}),
     ("PPO default, torch's CPU threads on every core (--torch-threads N)", "ppo_procgen_full", ["--torch-threads",
                                                                                             str(CORES)], {}),
-    ("PPO CUDA graphs, --rollout pipelined", "ppo_procgen_full", [*GRAPHS, "--rollout", "pipelined"], {}),
     ("PPO default, --autocast bf16", "ppo_procgen_full", ["--autocast", "bf16"], {}),
     ("PPO default, --env-threads 8", "ppo_procgen_full", ["--env-threads", "8"], {}),
     ("PPO CUDA graphs (--compile reduce-overhead), --rollout plain", "ppo_procgen_full", [*GRAPHS, "--rollout",
                                                                                            "plain"], {}),
     ("PPO eager, --rollout folded", "ppo_procgen_full", ["--compile", "off", "--rollout", "folded"], {}),
-    ("PPO eager, --rollout pipelined", "ppo_procgen_full", ["--compile", "off", "--rollout", "pipelined"], {}),
     ("PPO compiled stages (--compile default)", "ppo_procgen_full", [*COMPILED, "--rollout", "plain"], {}),
 ]  # fmt: skip
 GPU_ITERATIONS, GPU_TIMED = 3, 2
@@ -113,7 +110,6 @@ HOST_CONFIGS = [
     ("PPO lean (ppo_procgen.py)", "ppo_procgen", [], {}),
     ("PPO full, --rollout plain", "ppo_procgen_full", ["--rollout", "plain"], {}),
     ("PPO full, --rollout folded", "ppo_procgen_full", ["--rollout", "folded"], {}),
-    ("PPO full, --rollout pipelined", "ppo_procgen_full", ["--rollout", "pipelined"], {}),
     ("PPO full, --rollout folded, OMP_WAIT_POLICY=PASSIVE", "ppo_procgen_full", ["--rollout", "folded"],
      {"OMP_WAIT_POLICY": "PASSIVE"}),
     ("PPG full (policy phase), --rollout folded", "ppg_procgen_full", ["--rollout", "folded", "--n-iteration", "4"],

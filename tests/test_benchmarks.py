@@ -106,12 +106,12 @@ def test_the_gpu_kit_runs_every_step_in_quick_mode_whatever_its_rows_do(tmp_path
         if row.startswith("| PPO")
     }
     assert list(speed) == [
-        "PPO eager, --rollout pipelined",
+        "PPO eager, --rollout plain (the lean loop)",
         "PPO default (a GPU: CUDA graphs, --rollout folded)",
         "PPO eager, --rollout folded",
     ], speed
-    cells = [c.strip() for c in speed["PPO eager, --rollout pipelined"].split("|")[2:-1]]  # steps/s, ratio, env, ...
-    assert float(cells[0]) > 0 and float(cells[4]) == 0  # the test envs step inside the rollout: no loop of their own
+    cells = [c.strip() for c in speed["PPO eager, --rollout plain (the lean loop)"].split("|")[2:-1]]  # steps/s, ...
+    assert float(cells[0]) > 0 and float(cells[4]) > 0  # the test envs' own loop, timed
     for row, planted_as in (
         ("PPO default (a GPU: CUDA graphs, --rollout folded)", "the default row"),
         ("PPO eager, --rollout folded", "the folded row"),
@@ -123,13 +123,13 @@ def test_the_host_suite_runs_each_script_s_loop_beside_procgen_alone(tmp_path):
     """`throughput.py --suite host`, quick: each row's training steps/s, procgen alone's, their ratio and the parts;
     a row made to fail (the lean one) is named with its exit status and last stderr line, and the run exits 1."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--suite", "host", "--quick", "--out",
-           str(tmp_path / "out"), "--only", "PPO lean", "PPO full, --rollout pipelined"]  # fmt: skip
+           str(tmp_path / "out"), "--only", "PPO lean", "PPO full, --rollout plain"]  # fmt: skip
     proc = run_routed(cmd, timeout=300, at_start=planted(tmp_path, PLANTED))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [
         line.split("|")[1:-1] for line in (tmp_path / "out" / "HOST.md").read_text().splitlines() if line[:2] == "| "
     ]
-    assert [row[0].strip() for row in rows[1:]] == ["PPO full, --rollout pipelined", "PPO lean (ppo_procgen.py)"]
+    assert [row[0].strip() for row in rows[1:]] == ["PPO full, --rollout plain", "PPO lean (ppo_procgen.py)"]
     full, lean = rows[1:]
     assert float(full[1]) > 0 and float(full[2]) > 0 and 0 < float(full[3]) < 2, full
     assert all(float(c) >= 0 for c in full[4:8]), full
@@ -414,7 +414,8 @@ def test_a_speed_row_that_fails_or_times_out_is_written_and_the_rows_after_it_ru
     tables = []
 
     def run(script, flags, iterations, batch, workdir, device="cpu", env=None, timeout=None, timed=1):
-        if "pipelined" in flags:  # the last row: the table as a time limit stopping the benchmark here would leave it
+        # the last row (PPG's): the table as a time limit stopping the benchmark here would leave it
+        if "--n-iteration" in flags:
             tables.append((workdir / "RESULTS.md").read_text())
         if env or "folded" in flags:  # the OMP_WAIT_POLICY row fails, the folded row hangs: real processes, as rows run
             throughput.run_logged(failing if env else hanging, workdir, env, timeout=0.5)
@@ -422,19 +423,19 @@ def test_a_speed_row_that_fails_or_times_out_is_written_and_the_rows_after_it_ru
 
     monkeypatch.setattr(throughput, "run", run)
     monkeypatch.setattr(throughput, "ceiling", lambda *a: 1000.0)
-    only = ["PPO fp32 (default)", "OMP_WAIT_POLICY", "--rollout folded", "--rollout pipelined"]
+    only = ["PPO fp32 (default)", "OMP_WAIT_POLICY", "--rollout folded", "PPG dual"]
     argv = ["throughput.py", "--quick", "--out", str(tmp_path), "--timeout", "0.5", "--only", *only]
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit, match="2 row"):  # the table written, the exit status says rows are missing
         throughput.main()
     rows = {line.split("|")[1].strip(): line for line in (tmp_path / "RESULTS.md").read_text().splitlines()[1:]
-            if line.startswith("| PPO")}  # fmt: skip
+            if line.startswith("| PP")}  # fmt: skip
     assert sorted(rows) == sorted(["PPO fp32 (default)", "PPO fp32, OMP_WAIT_POLICY=PASSIVE",
-                                   "PPO fp32, --rollout folded", "PPO fp32, --rollout pipelined"])  # fmt: skip
+                                   "PPO fp32, --rollout folded", "PPG dual (default)"])  # fmt: skip
     assert "failed, exit status 3: no such kernel" in rows["PPO fp32, OMP_WAIT_POLICY=PASSIVE"]
     assert "timed out after 0.5 s" in rows["PPO fp32, --rollout folded"]
-    assert "| 100 |" in rows["PPO fp32, --rollout pipelined"]  # the row after both was measured
-    assert f"| PPO fp32, --rollout pipelined | {throughput.NOT_RUN} |" in tables[0]  # named before it ran
+    assert "| 100 |" in rows["PPG dual (default)"]  # the row after both was measured
+    assert f"| PPG dual (default) | {throughput.NOT_RUN} |" in tables[0]  # named before it ran
 
 
 def test_the_host_table_names_each_row_not_run_yet(tmp_path, monkeypatch):
@@ -450,12 +451,12 @@ def test_the_host_table_names_each_row_not_run_yet(tmp_path, monkeypatch):
 
     monkeypatch.setattr(throughput, "host_run", host_run)
     argv = ["throughput.py", "--suite", "host", "--quick", "--reps", "1", "--out", str(tmp_path), "--only", "lean",
-            "pipelined"]  # fmt: skip
+            "rollout plain"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     throughput.main()
     assert tables[0] == ""  # nothing written before the first row
     assert "| PPO lean (ppo_procgen.py) | 50 | 100 | 0.50 |" in tables[1]
-    assert f"| PPO full, --rollout pipelined | {throughput.NOT_RUN} |" in tables[1]
+    assert f"| PPO full, --rollout plain | {throughput.NOT_RUN} |" in tables[1]
     assert throughput.NOT_RUN not in (tmp_path / "HOST.md").read_text()  # every row ran
 
 

@@ -99,7 +99,7 @@ FAST_PATH = [
     (1, ["--device", "cuda"], ("reduce-overhead", "folded", 1)),  # one process on a GPU: the fast path
     (2, ["--device", "cuda"], ("off", "plain", 1)),  # torchrun: the lean loop
     (1, ["--device", "cpu"], ("off", "plain", 0)),  # torch's own threads
-    (1, ["--device", "cuda", "--compile", "default", "--rollout", "pipelined"], ("default", "pipelined", 1)),
+    (1, ["--device", "cuda", "--compile", "default", "--rollout", "plain"], ("default", "plain", 1)),
     (1, ["--device", "cuda", "--torch-threads", "3"], ("reduce-overhead", "folded", 3)),
     (1, ["--device", "cpu", "--torch-threads", "1"], ("off", "plain", 1)),
 ]

@@ -332,34 +332,22 @@ def test_under_torchrun_each_process_plays_its_own_levels_and_every_episode_is_l
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp_path, monkeypatch):
+def test_the_folded_rollout_logs_what_the_plain_rollout_logs(name, tmp_path, monkeypatch):
     """On procgen's own games (bigfish, whose episodes end and draw new levels within the run): the test envs folded
-    into the rollout's forward pass, and the training envs stepped in two halves, log every loss, return and test
-    return of the plain rollout, bit for bit; and they did step ahead of `envs.step` (the test envs every step, the
-    first half of the training envs too when pipelined, and then inside the envs' step but at a rollout's first). The
+    into the rollout's forward pass log every loss, return and test return of the plain rollout, bit for bit; and
+    the training envs' step, then the test envs', did start ahead of `envs.step`, every step, in that order. The
     noise drawn ahead is drawn a step's at a time, in the plain loops' shapes: a GPU's generator gives one tensor of
     all the steps other numbers (a CPU's does not, so the shapes are what a CPU can check)."""
     script = load_script(name)
     started, ahead, draws = [], script.plumbing.AheadSteps, []
     act_ahead, exponential_ = ahead.act_ahead, torch.Tensor.exponential_
-    monkeypatch.setattr(ahead, "act_ahead", lambda self, a, part=None: started.append((len(a), part, inside[0]))
-                        or act_ahead(self, a, part))  # fmt: skip
-    inside, step = [False], script.ProcgenVecEnv.step  # whether a start is made inside the envs' step
-
-    def stepped(self, actions):
-        inside[0] = True
-        try:
-            return step(self, actions)
-        finally:
-            inside[0] = False
-
-    monkeypatch.setattr(script.ProcgenVecEnv, "step", stepped)
+    monkeypatch.setattr(ahead, "act_ahead", lambda self, a: started.append(len(a)) or act_ahead(self, a))
     monkeypatch.setattr(torch.Tensor, "exponential_", lambda x: draws.append(tuple(x.shape)) or exponential_(x))
     flags = ["--env-id", "bigfish", "--num-envs", "8", "--num-steps", "64", "--total-timesteps", "1024",
              "--num-minibatches", "2", "--num-eval-envs", "4", "--device", "cpu", *NARROW,
              *(PPG[:-2] + ["--e-auxiliary", "2"] if is_ppg(name) else [])]  # fmt: skip
     logged, drawn = {}, {}
-    for rollout in ("plain", "folded", "pipelined") if not is_ppg(name) else ("plain", "pipelined"):  # PPG: its share
+    for rollout in ("plain", "folded"):
         started.clear()
         draws.clear()
         (tmp_path / rollout).mkdir()
@@ -368,16 +356,12 @@ def test_folded_and_pipelined_rollouts_log_what_the_plain_rollout_logs(name, tmp
         scalars = read_scalars(tmp_path / rollout / "runs" / run_name)
         logged[rollout] = {tag: rows for tag, rows in scalars.items() if tag.startswith(("losses/", "charts/episodic",
                                                                                          "charts/test"))}  # fmt: skip
-        test_starts, half_starts = started.count((4, None, False)), started.count((4, 0, False))
-        ping_pong = started.count((4, 0, True))  # pipelined: the first half's next step, started inside the last's
-        # the training envs' last part (folded: all of them) started before the test envs' forward pass
-        last_starts = started.count((8, 0, False) if rollout == "folded" else (4, 1, False))
-        expected = {"plain": (0, 0, 0, 0), "folded": (128, 0, 0, 128), "pipelined": (128, 2, 126, 128)}[rollout]
-        assert (test_starts, half_starts, ping_pong, last_starts) == expected, started
+        # the training envs' 8 games, then the test envs' 4, at each of the 2 x 64 steps
+        assert started == ([8, 4] * 128 if rollout == "folded" else []), started
         drawn[rollout] = collections.Counter(draws)
     assert logged["plain"]["charts/episodic_return"] and logged["plain"]["charts/test_episodic_return"]
-    assert all(logs == logged["plain"] for logs in logged.values())
-    assert drawn["plain"][(8, 15)] == 128 and all(shapes == drawn["plain"] for shapes in drawn.values()), drawn
+    assert logged["folded"] == logged["plain"]
+    assert drawn["plain"][(8, 15)] == 128 and drawn["folded"] == drawn["plain"], drawn
 
 
 def test_the_folded_rollout_trains_alike_with_and_without_evaluation_where_a_batch_rounds_by_its_size(

@@ -1,6 +1,6 @@
 """What only a GPU can check: the speed options as a GPU runs them. The compiled stages with CUDA graphs
 (`--compile reduce-overhead`: each stage's graph recorded at its second call, replayed after it, none skipped) and
-the folded and pipelined rollouts train, with finite losses (a rollout step's waits on the GPU: test_host_syncs.py).
+the folded rollout trains, with finite losses (a rollout step's waits on the GPU: test_host_syncs.py).
 Whether the GPU's defaults (the fast path) log the eager plain rollout's numbers, up to float rounding. Every case
 is skipped without a GPU; run on a CPU with `--device cpu`, the CUDA-graph check failed as it should (a CPU run
 skips every graph: 11 in PPG's), and each assertion says what a GPU run saw."""
@@ -27,13 +27,13 @@ OPTIONS = {"ppo_procgen_full": [*PPO_OPTIONS, *RND_START], "ppg_procgen_full": [
 
 @pytest.mark.parametrize(
     "name,compile_mode,rollout,extra",
-    # the pipelined rollout folds the test envs in too (one compiled iteration at the default sizes took 110 s on an
-    # H200 with inductor's cache cold: the kit's step has time for few compiles; at these sizes, seconds)
+    # each rollout with and without compiling (one compiled iteration at the default sizes took 110 s on an H200
+    # with inductor's cache cold: the kit's step has time for few compiles; at these sizes, seconds)
     [
-        ("ppo_procgen_full", "reduce-overhead", "pipelined", []),
+        ("ppo_procgen_full", "default", "folded", []),
         ("ppg_procgen_full", "reduce-overhead", "plain", []),
         ("ppo_procgen_full", "off", "folded", []),
-        ("ppg_procgen_full", "off", "pipelined", []),
+        ("ppg_procgen_full", "off", "folded", []),
         ("ppo_procgen_full", "auto", "auto", OPTIONS["ppo_procgen_full"]),
         ("ppg_procgen_full", "auto", "auto", OPTIONS["ppg_procgen_full"]),
     ],
@@ -56,17 +56,17 @@ def test_the_gpu_speed_options_train_on_cuda(name, compile_mode, rollout, extra,
 
 @pytest.mark.parametrize(
     "fast",
-    [[], ["--rollout", "plain"], ["--rollout", "pipelined"]],
-    ids=["defaults", "graphs-plain", "graphs-pipelined"],
+    [[], ["--rollout", "plain"]],
+    ids=["defaults", "graphs-plain"],
 )
 def test_the_gpu_defaults_log_the_eager_plain_rollout_s_numbers(fast, tmp_path, monkeypatch):
     """The GPU's defaults (issues 72 and 73): PPO at its defaults on a GPU (`--compile auto --rollout auto`: CUDA
-    graphs and the folded rollout), and with CUDA graphs and the plain or the pipelined rollout (the candidate for a
-    faster default), against the eager plain rollout (`--compile off --rollout plain`, the lean file's loop) at the
-    same seed, three iterations with the test envs: every loss and return within float rounding grown over Adam's
-    steps (the CPU's compiled-stages test allows 2e-3 over two iterations). The folded rollout draws its noise ahead
+    graphs and the folded rollout), and with CUDA graphs and the plain rollout, against the eager plain rollout
+    (`--compile off --rollout plain`, the lean file's loop) at the same seed, three iterations with the test envs:
+    every loss and return within float rounding grown over Adam's steps (the CPU's compiled-stages test allows 2e-3
+    over two iterations). The folded rollout draws its noise ahead
     a step's at a time, as the plain loop draws it: where this fails for the defaults and not for the plain rollout,
-    the folded rollout parts them (a GPU may round a batch of another size, the test envs' or a half, otherwise)."""
+    the folded rollout parts them (a GPU may round a batch of another size, the test envs', otherwise)."""
     script = load_script("ppo_procgen_full")
     flags = [*smoke_args("ppo_procgen_full"), *THREE, "--device", "cuda", "--num-eval-envs", "4"]
     tags = ("losses/", "charts/episodic", "charts/test_episodic")

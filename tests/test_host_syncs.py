@@ -101,9 +101,8 @@ def test_no_host_traffic_between_the_minibatches_of_an_epoch(name, device, tmp_p
             assert steps == [0] * len(steps), (fn, steps)
 
 
-# a rollout step's copies back to the host: the actions (plain); folded, the test envs' actions too; pipelined, the
-# first half's actions ahead of the rest (and, folded into it at an evaluation, the test envs' actions)
-WAITS = {"plain": 1, "folded": 2, "pipelined": 3}
+# a rollout step's copies back to the host: the actions (plain); folded, the test envs' actions too
+WAITS = {"plain": 1, "folded": 2}
 
 
 @pytest.mark.skipif(not GPU, reason="no GPU")
