@@ -484,23 +484,6 @@ def unplain(value):
     return value
 
 
-class WholeWrites:
-    """An unbuffered file whose every write is whole, or an OSError with the system's reason (a full disk, a quota):
-    `torch.save` would take a short write for a broken archive and say only that."""
-
-    def __init__(self, file):
-        self.file = file
-
-    def write(self, data):
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[self.file.write(view) :]
-        return len(data)
-
-    def flush(self):  # unbuffered: nothing waits
-        pass
-
-
 NOT_WRITTEN = {}  # by run directory, what the run was asked to write and could not: {"checkpoint": path, "model": path}
 
 
@@ -531,29 +514,38 @@ def exit_unless_kept(run_dir):
         raise SystemExit(4)
 
 
-def save_checkpoint(run_dir, name, state, keep=None, kept=None):
-    """Write a temporary file, flush it to disk, rename it: a kill at any moment leaves the old files whole. A failed
-    write (a full disk, a quota) is removed, said in one line, and returns None. Then the `keep` newest stay: of the
-    checkpoints named before this one, the oldest go, never `kept` (the checkpoint the run resumed from)."""
-    path = f"{run_dir}/checkpoints/{name}"
-    if not os.path.isdir(run_dir):  # removed mid-run: not made again (keeps_process_settings stops the run)
+def write_whole(run_dir, path, obj):
+    """torch.save `obj` to `path` in `run_dir`: into `path.tmp`, flushed to disk, renamed, so that a kill at any moment
+    leaves the old files whole. A write that fails (a full disk, a quota) leaves nothing and returns the system's
+    reason; None when written. A run directory that is gone is not made again (keeps_process_settings stops the run)."""
+    if not os.path.isdir(run_dir):  # removed mid-run
         raise FileNotFoundError(errno.ENOENT, "the run directory is gone", run_dir)
-    try:  # straight into the file, not through a copy in memory: PPG's phase buffer may be 6 GiB
-        os.makedirs(f"{run_dir}/checkpoints", exist_ok=True)
-        with open(path + ".tmp", "wb", buffering=0) as f:
-            torch.save(plain(state), WholeWrites(f))
+    try:  # buffered, as open's files are, which write a short write's rest or raise with the system's reason (torch
+        # would take a short write for a broken archive); a large tensor goes to the file, not through a copy in memory
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "wb") as f:
+            torch.save(obj, f)
+            f.flush()
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
     except (OSError, RuntimeError) as error:
         exc = error if isinstance(error, OSError) else error.__context__  # torch's archive error hides the system's
-        if not isinstance(exc, OSError):
+        if not isinstance(exc, OSError) or removed_run_dir(exc):
             raise
         with contextlib.suppress(OSError):
             os.remove(path + ".tmp")
+        return exc.strerror or str(exc)
+
+
+def save_checkpoint(run_dir, name, state, keep=None, kept=None):
+    """Write a checkpoint whole (`write_whole`), or say in one line that it was not and return None. Then the `keep`
+    newest stay: of the checkpoints named before this one, the oldest go, never `kept` (the run resumed from it)."""
+    path = f"{run_dir}/checkpoints/{name}"
+    why = write_whole(run_dir, path, plain(state))
+    if why is not None:
         if name.startswith("iter_"):  # what the end of the run reports (exit_unless_kept)
             NOT_WRITTEN.setdefault(run_dir, {})["checkpoint"] = path
-        print(f"{SCRIPT}.py: warning: {path} not written: {exc.strerror or exc}; {what_is_kept(run_dir)}",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"{SCRIPT}.py: warning: {path} not written: {why}; {what_is_kept(run_dir)}", file=sys.stderr, flush=True)
         return None
     if name.startswith("iter_"):
         NOT_WRITTEN.get(run_dir, {}).pop("checkpoint", None)
@@ -1081,24 +1073,13 @@ def keeps_process_settings(train):
 # A model write that fails in one line, every flag's rule and the memory a run needs (checked before
 # anything is built or written), the output directories
 def save_model(agent, model_path):
-    """The weights, serialised first, so that a failed write (a full disk) is one line with the system's reason, and
-    [25] the end of the run exits with status 4 (exit_unless_kept). A run directory that is gone is not a full disk:
-    that error goes on to keeps_process_settings."""
-    buffer = io.BytesIO()
-    torch.save(agent.state_dict(), buffer)
-    try:
-        with open(model_path, "wb") as f:
-            f.write(buffer.getbuffer())
-    except OSError as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(model_path)  # no partial file
-        if removed_run_dir(exc):
-            raise
-        print(f"{SCRIPT}.py: error: {model_path} not written: {exc.strerror}; the logs beside it are kept",
-              file=sys.stderr, flush=True)  # fmt: skip
-        NOT_WRITTEN.setdefault(os.path.dirname(model_path), {})["model"] = model_path
-    else:
-        console(f"model saved to {model_path}")
+    """The weights, written whole (`write_whole`); a failed write (a full disk) is one line with the system's reason,
+    and [25] the end of the run exits with status 4 (exit_unless_kept)."""
+    why = write_whole(os.path.dirname(model_path), model_path, agent.state_dict())
+    if why is None:
+        return console(f"model saved to {model_path}")
+    print(f"{SCRIPT}.py: error: {model_path} not written: {why}; the logs beside it are kept", file=sys.stderr)
+    NOT_WRITTEN.setdefault(os.path.dirname(model_path), {})["model"] = model_path
 
 
 RULES = {  # the rule of every flag: flags -> (rule, is `v` allowed given all flags `a`); a bool or Literal: its type

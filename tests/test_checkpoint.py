@@ -363,12 +363,12 @@ def test_only_the_last_checkpoint_missing_ends_the_run_with_status_4(name, tmp_p
         raise OSError(28, "No space left on device")
 
     with monkeypatch.context() as patch:
-        patch.setattr(script.plumbing, "WholeWrites", disk_full)
+        patch.setattr(script.plumbing, "open", disk_full, raising=False)
         assert script.plumbing.save_checkpoint(run_dir, "iter_00000001.pt", {"iteration": 1}) is None
     assert script.plumbing.save_checkpoint(run_dir, "iter_00000002.pt", {"iteration": 2})
     script.plumbing.exit_unless_kept(run_dir)  # nothing missing: returns
     with monkeypatch.context() as patch:
-        patch.setattr(script.plumbing, "WholeWrites", disk_full)
+        patch.setattr(script.plumbing, "open", disk_full, raising=False)
         script.plumbing.save_checkpoint(run_dir, "iter_00000003.pt", {"iteration": 3})
     with pytest.raises(SystemExit) as stop:
         script.plumbing.exit_unless_kept(run_dir)
