@@ -508,8 +508,8 @@ def exit_unless_kept(run_dir):
     if "checkpoint" in missed:
         found = [shlex.quote(path) for path in checkpoints(run_dir)]  # as a shell takes them
         then = f"resume with: python {SCRIPT}.py --resume {found[-1]}" if found else "the run cannot be resumed"
-        print(f"{SCRIPT}.py: error: the run ended without its last checkpoint, {missed['checkpoint']}; "
-              f"{what_is_kept(run_dir)}: {then}", file=sys.stderr, flush=True)  # fmt: skip
+        kept = what_is_kept(run_dir)
+        say(f"error: the run ended without its last checkpoint, {missed['checkpoint']}; {kept}: {then}")
     if missed:
         raise SystemExit(4)
 
@@ -545,7 +545,7 @@ def save_checkpoint(run_dir, name, state, keep=None, kept=None):
     if why is not None:
         if name.startswith("iter_"):  # what the end of the run reports (exit_unless_kept)
             NOT_WRITTEN.setdefault(run_dir, {})["checkpoint"] = path
-        print(f"{SCRIPT}.py: warning: {path} not written: {why}; {what_is_kept(run_dir)}", file=sys.stderr, flush=True)
+        say(f"warning: {path} not written: {why}; {what_is_kept(run_dir)}")
         return None
     if name.startswith("iter_"):
         NOT_WRITTEN.get(run_dir, {}).pop("checkpoint", None)
@@ -587,7 +587,7 @@ def load_checkpoint(path, flag):
             except ValueError as why:
                 if newer not in SKIPPED:  # `--resume` looks twice: one warning
                     SKIPPED.add(newer)
-                    print(f"{SCRIPT}.py: warning: --{flag}: {newer}: skipped, {why}", file=sys.stderr, flush=True)
+                    say(f"warning: --{flag}: {newer}: skipped, {why}")
         path = found[0]
     if path.endswith(".tmp"):  # a write that a second signal or a crash cut short: never a checkpoint
         arg_error(flag, f"{path}: an unfinished checkpoint write, not a checkpoint")
@@ -670,8 +670,8 @@ def set_aside_newer(ckpt, run_dir):
         aside = make_dir(f"{run_dir}/checkpoints/abandoned", "resume", new=True)
         for path in newer:
             os.replace(path, f"{aside}/{os.path.basename(path)}")
-        print(f"{SCRIPT}.py: warning: --resume: {ckpt['path']} is older than {len(newer)} checkpoint(s) of its "
-              f"run, now in {aside}/; the run goes on from iteration {ckpt['iteration']}", file=sys.stderr)  # fmt: skip
+        say(f"warning: --resume: {ckpt['path']} is older than {len(newer)} checkpoint(s) of its run, now in {aside}/; "
+            f"the run goes on from iteration {ckpt['iteration']}")  # fmt: skip
 
 
 def load_weights(agent, path, flag):
@@ -887,8 +887,8 @@ class Run:
             diagnostic = {**last_good, "script": SCRIPT, "args": self.given, "diagnostic": True}
             path = save_checkpoint(self.dir, f"diverged_iter_{iteration:08d}.pt", diagnostic)
             where = f"are in {path}" if path else "could not be written"
-            print(f"{SCRIPT}.py: diverged at iteration {iteration}: {bad} is not finite; the weights from before this "
-                  f"iteration {where}; earlier checkpoints are untouched", file=sys.stderr)  # fmt: skip
+            say(f"diverged at iteration {iteration}: {bad} is not finite; the weights from before this iteration "
+                f"{where}; earlier checkpoints are untouched")  # fmt: skip
         if bad is not None:
             self.writer.close()
             raise SystemExit(3)
@@ -1049,8 +1049,8 @@ def keeps_process_settings(train):
         except FileNotFoundError as exc:
             if removed_run_dir(exc) is None:
                 raise
-            print(f"{SCRIPT}.py: error: {removed_run_dir(exc)} was removed while the run went on, and its logs and "
-                  "checkpoints with it; stopped, nothing made again", file=sys.stderr, flush=True)  # fmt: skip
+            say(f"error: {removed_run_dir(exc)} was removed while the run went on, and its logs and checkpoints with "
+                "it; stopped, nothing made again")  # fmt: skip
             raise SystemExit(5) from None
         finally:
             threading.excepthook = thread_hook
@@ -1078,7 +1078,7 @@ def save_model(agent, model_path):
     why = write_whole(os.path.dirname(model_path), model_path, agent.state_dict())
     if why is None:
         return console(f"model saved to {model_path}")
-    print(f"{SCRIPT}.py: error: {model_path} not written: {why}; the logs beside it are kept", file=sys.stderr)
+    say(f"error: {model_path} not written: {why}; the logs beside it are kept")
     NOT_WRITTEN.setdefault(os.path.dirname(model_path), {})["model"] = model_path
 
 
@@ -1134,10 +1134,14 @@ WARNINGS = {  # legal, but almost always a mistake: one line says why, and the r
 }
 
 
+def say(text):
+    """One line on standard error, after the script's name: a warning or an error."""
+    print(f"{SCRIPT}.py: {text}", file=sys.stderr, flush=True)
+
+
 def arg_error(flag: str, rule: str, value=None):
     """One line naming the flag, its rule and its value, exit status 2: no traceback for a user's mistake."""
-    value = "" if value is None else f" {value}"
-    print(f"{SCRIPT}.py: error: --{flag.replace('_', '-')}{value}: {rule}", file=sys.stderr)
+    say(f"error: --{flag.replace('_', '-')}{'' if value is None else f' {value}'}: {rule}")
     sys.exit(2)
 
 
@@ -1211,10 +1215,10 @@ def check_every_flag(args, rules, warnings, check_algorithm, memory_needed) -> N
     if need > free:
         arg_error(sizes, what)
     if need > 0.75 * free:
-        print(f"{SCRIPT}.py: warning: --{sizes}: {what}", file=sys.stderr)
+        say(f"warning: --{sizes}: {what}")
     for flags, (why, odd) in {**warnings, **WARNINGS}.items():
         for flag in (flag for flag in flags if odd(getattr(args, flag), args)):
-            print(f"{SCRIPT}.py: warning: --{flag.replace('_', '-')} {getattr(args, flag)}: {why}", file=sys.stderr)
+            say(f"warning: --{flag.replace('_', '-')} {getattr(args, flag)}: {why}")
 
 
 def host_memory():
@@ -1265,6 +1269,6 @@ def parse_args(Args, argv=None, **tyro_kwargs):
     except SystemExit as exc:
         if exc.code:  # 0 is --help; else keep the box's first paragraph below its title: "Error parsing --seed: ..."
             paragraph = (re.split("[─-]{3,}", box.getvalue()) + ["", "see --help"])[1].replace("│", " ")
-            print(f"{SCRIPT}.py: error:", *paragraph.strip("╮").split(), file=sys.stderr)
+            say("error: " + " ".join(paragraph.strip("╮").split()))
             exc.code = 2
         raise
