@@ -623,6 +623,16 @@ def test_compiled_runs_keep_their_stages_in_the_campaign_s_cache(tmp_path, monke
     default_work = learning.parse(["campaign", "--budget", "0"])[0].work
     assert gpu.step_env("Speed options", kit) == learning.cache_env(default_work / learning.COMPILE_CACHE)
     assert gpu.step_env("CUDA tests", kit) == {} and gpu.step_env("Speed options", argparse.Namespace(quick=True)) == {}
+    # the kit itself, its steps' commands stood in for: the speed step's runs get the cache, the others none
+    steps = []
+    monkeypatch.setattr(gpu, "run_step", lambda cmd, limit, env: steps.append(env) or (0, "1 passed"))
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--out", str(tmp_path / "kit")])
+    with pytest.raises(SystemExit) as kit_ended:
+        gpu.main()
+    assert kit_ended.value.code == 0 and len(steps) == 3
+    cache = [step.get("TORCHINDUCTOR_CACHE_DIR") for step in steps]
+    assert cache[1] == str(default_work / learning.COMPILE_CACHE), cache
+    assert cache[0] == cache[2] == os.environ.get("TORCHINDUCTOR_CACHE_DIR"), cache
 
 
 def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tmp_path):
