@@ -736,7 +736,7 @@ class GracefulStop:
     """SIGINT, SIGTERM, SIGHUP: finish the iteration, write a checkpoint and exit; a second signal exits at once."""
 
     def __init__(self):
-        self.signum = None
+        self.signum, self.until = None, "this iteration or auxiliary epoch"  # what a stop finishes first
         for s in STOP_SIGNALS:  # put back when `train` ends (keeps_process_settings)
             signal.signal(s, self.handle)
 
@@ -748,8 +748,8 @@ class GracefulStop:
             os._exit(128 + signum)
         self.signum = signum
         with contextlib.suppress(OSError):
-            print(f"\n{name}: finishing this iteration or auxiliary epoch, then writing a checkpoint ({name} again "
-                  "exits at once)", file=sys.stderr, flush=True)  # fmt: skip
+            print(f"\n{name}: finishing {self.until}, then writing a checkpoint ({name} again exits at once)",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
 
 def cli_defaults(Args, argv):

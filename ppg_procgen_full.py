@@ -181,6 +181,9 @@ class Args:
     checkpoint_aux_epochs: bool = False
     """also write a checkpoint after every auxiliary epoch but the last, with the whole phase buffer (6.25 GiB at the
     default sizes): for machines where one auxiliary phase outlasts a working session"""
+    stop_at_phase_end: bool = False
+    """a stop signal finishes the phase, its auxiliary epochs included, before the checkpoint, which then holds no
+    rollouts (18.7 MB at the default sizes, not up to 6.25 GiB): for chunks that must travel (a campaign's)"""
     keep_checkpoints: int = 3
     """keep this many of the newest checkpoints (and the one the run resumed from)"""
     resume: str | None = None
@@ -855,6 +858,8 @@ class AuxiliaryPhase:
 
     def __init__(self, run, aux, args: Args):
         self.run, (self.aux_obs, self.aux_returns), self.args = run, aux, args
+        if args.stop_at_phase_end:  # what the stop signals' handler says it finishes first
+            run.stop.until = "this phase, its auxiliary epochs included"
 
     def resume(self, global_step, last, stage):
         """A resumed run's phase so far [24]; stopped inside an auxiliary phase, that phase finished, then go on."""
@@ -893,6 +898,7 @@ class AuxiliaryPhase:
         end, where the phase buffer is spent and left out; only a signal mid-phase writes the phase so far."""
         signum, args, path = self.run.signalled(), self.args, None
         phase_end, interval = iteration % args.n_iteration == 0, args.checkpoint_interval
+        signum = signum if phase_end or not args.stop_at_phase_end else 0  # asked to: stop at the phase's end
         crossed = interval and iteration // interval > (iteration - args.n_iteration) // interval  # in this phase
         if (phase_end and crossed) or signum:
             mine = self.my_part(iteration % args.n_iteration * self.run.envs.num_envs, last)
@@ -902,7 +908,7 @@ class AuxiliaryPhase:
     def inside(self, iteration, global_step, last, epoch, aux_state):
         """After an auxiliary epoch but the last, with `--checkpoint-aux-epochs` or when a signal asked to stop (then
         exit): the whole phase buffer, the old policy's logits and the epochs done, for a resume to go on from."""
-        signum = self.run.signalled()
+        signum = 0 if self.args.stop_at_phase_end else self.run.signalled()  # asked to: stop at the phase's end
         if epoch == self.args.e_auxiliary or not (signum or self.args.checkpoint_aux_epochs):
             return
         mine = {**self.my_part(self.aux_obs.shape[1], last), "aux": {**aux_state(), "epoch": epoch}}

@@ -553,6 +553,9 @@ class Chunk:
                 "2",
                 *run["flags"],
             ]
+        # PPG stops at its phase's end: a checkpoint inside a phase holds its rollouts (up to 6.25 GiB), which cannot
+        # travel; after the phase it holds none (18.7 MB)
+        flags += ["--stop-at-phase-end"] if run["script"].startswith("ppg") else []
         cmd = [sys.executable, str(ROOT / f"{run['script']}.py"), *flags, *extra]
         self.log = self.dir / "log.txt"
         with open(self.log, "a") as log:
@@ -639,6 +642,10 @@ def campaign(opts, extra):
         for key in queue:
             check_script_flags([plan[key]["script"]], [*plan[key]["flags"], *extra])
     live, closed, stopping = [], [], False
+    # when each run is asked to stop: PPG earlier, as it goes on to its phase's end (`--stop-at-phase-end`)
+    margin = {
+        key: opts.margin + (opts.phase_margin if run["script"].startswith("ppg") else 0) for key, run in plan.items()
+    }
     # each run's share of the cores for torch's threads: OpenMP's idle threads spin, and runs that each take all the
     # cores leave procgen's threads none (`throughput.py --suite machine`)
     share = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // opts.parallel))}
@@ -647,7 +654,7 @@ def campaign(opts, extra):
         try:
             left = deadline - time.time()
             stopping = stopping or left < opts.margin
-            while queue and not stopping and len(live) < opts.parallel and left > 2 * opts.margin:
+            while queue and not stopping and len(live) < opts.parallel and left > 2 * margin[queue[0]]:
                 key = queue.pop(0)
                 # a run whose flags compile keeps its stages in the cache (`auto` on a GPU is not known here)
                 compiled = throughput.compiles(plan[key]["flags"] + extra, "cpu")
@@ -656,7 +663,7 @@ def campaign(opts, extra):
             for chunk in live:
                 chunk.read()
                 chunk.at_once = max(chunk.at_once, len(live))
-                if stopping or (opts.chunk_iterations and chunk.iterations >= opts.chunk_iterations):
+                if stopping or left < margin[chunk.key] or 0 < opts.chunk_iterations <= chunk.iterations:
                     chunk.signal(signal.SIGTERM)  # finish the iteration, write a checkpoint, exit
                 if left < opts.margin / 3:
                     chunk.signal(signal.SIGKILL)  # too late for its checkpoint: the next chunk goes on from the last
@@ -774,6 +781,12 @@ def parse(argv):
         type=float,
         default=90,
         help="seconds before the budget's end at which each run is asked to stop at a checkpoint",
+    )
+    p_campaign.add_argument(
+        "--phase-margin",
+        type=float,
+        default=150,
+        help="seconds added to --margin for a PPG run, which stops at its phase's end (its auxiliary epochs included)",
     )
     p_campaign.add_argument(
         "--checkpoint-interval",

@@ -52,6 +52,9 @@ NETWORK_TESTS = (["tests/test_checkpoint.py"], "bad_checkpoints or evaluation")
 # the GPU's defaults (--compile auto, --rollout auto), as check_args settles them on the run's device
 FAST_PATH_TESTS = (["tests/test_cuda_paths.py"], "fast_path")
 
+# PPG told to stop at its phase's end (a campaign's chunks): a signal mid-phase, and one in the auxiliary phase
+PHASE_END_TESTS = (["tests/test_checkpoint.py"], "told_to_stop", "any case")
+
 # the compiled stages' test, for the mistakes in --compile
 COMPILE_TESTS = (["tests/test_compile.py"], "compiled")
 
@@ -110,6 +113,12 @@ MUTANTS = [
     (PPG_FULL, 'group["lr"], group["eps"], group["capturable"] = lr, args.adam_eps, False',
      'group["lr"], group["eps"] = lr, args.adam_eps', "PPG full: a compiled GPU run's capturable Adam resumed on a CPU",
      (["tests/test_checkpoint.py"], "compiled_gpu")),
+    *[(PPG_FULL, old, new, f"PPG full: {what}", PHASE_END_TESTS) for old, new, what in [
+        ("signum = signum if phase_end or not args.stop_at_phase_end else 0", "pass",
+         "--stop-at-phase-end: a signal mid-phase writes the phase's rollouts"),
+        ("signum = 0 if self.args.stop_at_phase_end else self.run.signalled()", "signum = self.run.signalled()",
+         "--stop-at-phase-end: a signal in the auxiliary phase stops after its epoch"),
+    ]],
     (PPO, "loss = pg_loss - args.ent_coef * entropy_loss", "loss = pg_loss + args.ent_coef * entropy_loss",
      "entropy bonus with its sign flipped"),
     (PPO, "loss = pg_loss - args.ent_coef", "loss = -pg_loss - args.ent_coef", "policy loss with its sign flipped"),

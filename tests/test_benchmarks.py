@@ -635,6 +635,49 @@ def test_compiled_runs_keep_their_stages_in_the_campaign_s_cache(tmp_path, monke
     assert cache[0] == cache[2] == os.environ.get("TORCHINDUCTOR_CACHE_DIR"), cache
 
 
+def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, monkeypatch):
+    """A PPG run's chunk is told to stop at its phase's end (a checkpoint inside a phase holds its rollouts, up to 6.25
+    GiB, which cannot travel), fresh or resumed, and is asked to stop `--phase-margin` seconds before a PPO run; a PPG
+    run is not started with less than twice its margin left. The runs' processes are stood in for."""
+    import learning
+
+    plan = [{"script": f"{name}_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}
+            for name in ("ppo_procgen", "ppg_procgen")]  # fmt: skip
+    (tmp_path / "plan").write_text(json.dumps({"runs": plan}))
+    (tmp_path / "work" / "starpilot__ppg_procgen__1" / "runs" / "x" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "work" / "starpilot__ppg_procgen__1" / "runs" / "x" / "checkpoints" / "iter_00000032.pt").touch()
+    started, stopped = {}, {}
+
+    class Process:  # runs until asked to stop, then ends as a stopped run ends
+        def __init__(self, cmd, cwd, **kwargs):
+            self.key, self.returncode = os.path.basename(cwd), None
+            started[self.key] = cmd
+
+        def poll(self):
+            return self.returncode
+
+        def send_signal(self, signum):
+            stopped[self.key] = deadline - time.time()
+            self.returncode = 128 + signum
+
+    folders = [x for name in ("plan", "work", "state", "report") for x in (f"--{name}", str(tmp_path / name))]
+    argv = ["campaign", "--budget", "4", "--margin", "0.5", "--phase-margin", "1", *folders]
+    monkeypatch.setattr(learning.subprocess, "Popen", Process)
+    monkeypatch.setattr(learning, "check_script_flags", lambda *a: None)
+    monkeypatch.setattr(learning, "write_campaign_report", lambda *a: None)
+    deadline = time.time() + 4
+    learning.campaign(*learning.parse(argv))
+    ppo, ppg = started["starpilot__ppo_procgen__1"], started["starpilot__ppg_procgen__1"]
+    assert "--stop-at-phase-end" not in ppo and ppg[ppg.index("--resume") :][2:] == ["--stop-at-phase-end"], ppg
+    assert 0.5 < stopped["starpilot__ppg_procgen__1"] <= 1.5 and stopped["starpilot__ppo_procgen__1"] <= 0.5, stopped
+    # with less than twice a PPG run's margin left it does not start (PPO's is enough)
+    started.clear()
+    argv[argv.index("--budget") + 1] = "2.5"
+    deadline = time.time() + 2.5
+    learning.campaign(*learning.parse(argv))
+    assert list(started) == ["starpilot__ppo_procgen__1"], started
+
+
 def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tmp_path):
     """Quick mode: a PPO run of 5 tiny iterations, stopped by the campaign after 2 of them (it writes its checkpoint
     and exits), packed into parts under the size limit; its folder then lost, as on another machine, and resumed from

@@ -175,6 +175,35 @@ def test_a_ppg_run_stopped_inside_its_auxiliary_phase_resumes_from_that_epoch(tm
     assert [s for s, _ in b["losses/aux/kl_loss"]] == [256, 512]
 
 
+@pytest.mark.parametrize("at", [("compute_gae", 1), ("policy_kl", 6)], ids=["policy-phase", "auxiliary-phase"])
+def test_a_ppg_run_told_to_stop_at_its_phase_end_writes_no_rollouts(tmp_path, monkeypatch, capsys, at):
+    """`--stop-at-phase-end` (a campaign's chunks, whose checkpoints travel): a signal in a phase's first iteration, or
+    in the second of its three auxiliary epochs, lets the phase finish; the checkpoint after it holds none of the
+    phase's rollouts, and the resumed run logs what the uninterrupted run logs."""
+    script = load_script("ppg_procgen_full")
+    monkeypatch.chdir(tmp_path)
+    flags = [*smoke_args("ppg_procgen_full"), "--total-timesteps", "512", "--e-auxiliary", "3", "--device", "cpu",
+             "--stop-at-phase-end"]  # fmt: skip
+    straight = train(script, [*flags, "--exp-name", "straight"])
+    capsys.readouterr()
+    fn = getattr(script, at[0])
+    sigterm_at_call(monkeypatch, script, *at)
+    with pytest.raises(SystemExit) as exc:
+        train(script, [*flags, "--exp-name", "stopped"])
+    out = capsys.readouterr()
+    assert exc.value.code == 128 + signal.SIGTERM and "after iteration 2, checkpoint" in out.out, out.out
+    assert "finishing this phase, its auxiliary epochs included" in out.err, out.err
+    (run_dir,) = (tmp_path / "runs").glob("*stopped*")
+    (ckpt,) = (run_dir / "checkpoints").iterdir()
+    assert ckpt.name == "iter_00000002.pt"  # the first phase's end
+    assert torch.load(ckpt, weights_only=True)["ranks"][0]["aux_obs"].shape[1] == 0  # no rollouts
+    monkeypatch.setattr(script, at[0], fn)
+    assert train(script, [*flags, "--exp-name", "stopped", "--resume", str(run_dir)]) == run_dir.name
+    a, b = read_scalars(tmp_path / "runs" / straight), read_scalars(run_dir)
+    for tag in [*AUX_TAGS, "losses/policy_loss", "losses/value_loss", "charts/episodic_return"]:
+        assert a[tag] == b[tag], tag
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_stop_signal_writes_a_checkpoint_that_resumes(tmp_path, signum):
     """SIGTERM (a scheduler), and SIGHUP (the terminal or the ssh connection went away): the iteration finishes, a
