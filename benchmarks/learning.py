@@ -791,8 +791,8 @@ def parse(argv):
     p_campaign.add_argument(
         "--checkpoint-interval",
         type=int,
-        default=50,
-        help="a new run's periodic checkpoints (iterations): what a killed run goes on from",
+        default=32,
+        help="a new run's periodic checkpoints (iterations): what a killed run goes on from (32: PPG's every phase)",
     )
     p_campaign.add_argument(
         "--chunk-iterations",
