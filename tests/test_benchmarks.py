@@ -635,14 +635,15 @@ def test_compiled_runs_keep_their_stages_in_the_campaign_s_cache(tmp_path, monke
     assert cache[0] == cache[2] == os.environ.get("TORCHINDUCTOR_CACHE_DIR"), cache
 
 
-def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, monkeypatch):
+def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, monkeypatch, capsys):
     """A PPG run's chunk is told to stop at its phase's end (a checkpoint inside a phase holds its rollouts, up to 6.25
-    GiB, which cannot travel), fresh or resumed, and is asked to stop `--phase-margin` seconds before a PPO run; a PPG
-    run is not started with less than twice its margin left. The runs' processes are stood in for."""
+    GiB, which cannot travel), fresh or resumed, and is asked to stop `--phase-margin` seconds before a PPO run; a run
+    starts only with `--margin` seconds to run before it is asked to stop, and one that cannot is named. The runs'
+    processes are stood in for."""
     import learning
 
     plan = [{"script": f"{name}_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}
-            for name in ("ppo_procgen", "ppg_procgen")]  # fmt: skip
+            for name in ("ppg_procgen", "ppo_procgen")]  # fmt: skip
     (tmp_path / "plan").write_text(json.dumps({"runs": plan}))
     (tmp_path / "work" / "starpilot__ppg_procgen__1" / "runs" / "x" / "checkpoints").mkdir(parents=True)
     (tmp_path / "work" / "starpilot__ppg_procgen__1" / "runs" / "x" / "checkpoints" / "iter_00000032.pt").touch()
@@ -670,12 +671,13 @@ def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, mo
     ppo, ppg = started["starpilot__ppo_procgen__1"], started["starpilot__ppg_procgen__1"]
     assert "--stop-at-phase-end" not in ppo and ppg[ppg.index("--resume") :][2:] == ["--stop-at-phase-end"], ppg
     assert 0.5 < stopped["starpilot__ppg_procgen__1"] <= 1.5 and stopped["starpilot__ppo_procgen__1"] <= 0.5, stopped
-    # with less than twice a PPG run's margin left it does not start (PPO's is enough)
+    # 1.8 s: enough for PPO (0.5 + 0.5), which starts though PPG comes first, not for PPG (1.5 + 0.5)
     started.clear()
-    argv[argv.index("--budget") + 1] = "2.5"
-    deadline = time.time() + 2.5
+    argv[argv.index("--budget") + 1] = "1.8"
+    deadline = time.time() + 1.8
     learning.campaign(*learning.parse(argv))
     assert list(started) == ["starpilot__ppo_procgen__1"], started
+    assert "not started, too little time left: starpilot__ppg_procgen__1" in capsys.readouterr().out
 
 
 def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tmp_path):
