@@ -639,7 +639,10 @@ def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, mo
     """A PPG run's chunk is told to stop at its phase's end (a checkpoint inside a phase holds its rollouts, up to 6.25
     GiB, which cannot travel), fresh or resumed, and is asked to stop `--phase-margin` seconds before a PPO run; a run
     starts only with `--margin` seconds to run before it is asked to stop, and one that cannot is named. The runs'
-    processes are stood in for."""
+    processes are stood in for, and the campaign's clock: each of its waits moves it on, so that when each run was
+    asked to stop is known to a wait, whatever the machine's load."""
+    import types
+
     import learning
 
     plan = [{"script": f"{name}_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}
@@ -658,23 +661,28 @@ def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, mo
             return self.returncode
 
         def send_signal(self, signum):
-            stopped[self.key] = deadline - time.time()
+            stopped[self.key] = round(deadline - clock[0], 6)
             self.returncode = 128 + signum
+
+    clock = [1000.0]  # the campaign's `time.time()`, which its waits of 0.1 s move on
+    tick = types.SimpleNamespace(time=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(learning, "time", tick)
 
     folders = [x for name in ("plan", "work", "state", "report") for x in (f"--{name}", str(tmp_path / name))]
     argv = ["campaign", "--budget", "4", "--margin", "0.5", "--phase-margin", "1", *folders]
     monkeypatch.setattr(learning.subprocess, "Popen", Process)
     monkeypatch.setattr(learning, "check_script_flags", lambda *a: None)
     monkeypatch.setattr(learning, "write_campaign_report", lambda *a: None)
-    deadline = time.time() + 4
+    deadline = clock[0] + 4
     learning.campaign(*learning.parse(argv))
     ppo, ppg = started["starpilot__ppo_procgen__1"], started["starpilot__ppg_procgen__1"]
     assert "--stop-at-phase-end" not in ppo and ppg[ppg.index("--resume") :][2:] == ["--stop-at-phase-end"], ppg
-    assert 0.5 < stopped["starpilot__ppg_procgen__1"] <= 1.5 and stopped["starpilot__ppo_procgen__1"] <= 0.5, stopped
+    # at the first wait's end after 1.5 s (PPG) and 0.5 s (PPO) before the budget's
+    assert 1.4 <= stopped["starpilot__ppg_procgen__1"] <= 1.5 and 0.4 <= stopped["starpilot__ppo_procgen__1"] <= 0.5
     # 1.8 s: enough for PPO (0.5 + 0.5), which starts though PPG comes first, not for PPG (1.5 + 0.5)
     started.clear()
     argv[argv.index("--budget") + 1] = "1.8"
-    deadline = time.time() + 1.8
+    deadline = clock[0] + 1.8
     learning.campaign(*learning.parse(argv))
     assert list(started) == ["starpilot__ppo_procgen__1"], started
     assert "not started, too little time left: starpilot__ppg_procgen__1" in capsys.readouterr().out
