@@ -107,8 +107,8 @@ class RolloutPolicy:
     def __init__(self, agent, policy_step, envs, test_envs, test_obs, args, to_device, iteration, log_episodes):
         self.eval_now = args.eval_interval > 0 and iteration % args.eval_interval == 0  # the test envs step now
         self.folded = self.eval_now and args.rollout == "folded"  # and inside the rollout
-        self.test_envs, self.test_obs = (test_envs, test_obs) if self.folded else (None, None)
         self.agent, self.policy_step, self.envs = agent, policy_step, envs  # [36] the stage, compiled or not
+        self.test_envs, self.test_obs = test_envs, test_obs  # stepped here when folded
         self.to_device, self.log_episodes, self.t, self.test_episodes, self.noise = to_device, log_episodes, 0, [], None
         device, actions = next(agent.parameters()).device, envs.single_action_space.n
 

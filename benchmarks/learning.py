@@ -459,6 +459,12 @@ def plan_runs(path):
     return out
 
 
+def stops_at_phase_end(run):
+    """Whether the run is PPG's, which the campaign stops at a phase's end: a checkpoint inside a phase holds its
+    rollouts (up to 6.25 GiB at the default sizes), which cannot travel; after the phase it holds none (18.7 MB)."""
+    return run["script"].startswith("ppg")
+
+
 def read_status(run_dir):
     """A run's progress as the campaign keeps it in `campaign.json` beside its `runs/`."""
     path = run_dir / "campaign.json"
@@ -553,9 +559,7 @@ class Chunk:
                 "2",
                 *run["flags"],
             ]
-        # PPG stops at its phase's end: a checkpoint inside a phase holds its rollouts (up to 6.25 GiB), which cannot
-        # travel; after the phase it holds none (18.7 MB)
-        flags += ["--stop-at-phase-end"] if run["script"].startswith("ppg") else []
+        flags += ["--stop-at-phase-end"] if stops_at_phase_end(run) else []
         cmd = [sys.executable, str(ROOT / f"{run['script']}.py"), *flags, *extra]
         self.log = self.dir / "log.txt"
         with open(self.log, "a") as log:
@@ -643,9 +647,7 @@ def campaign(opts, extra):
             check_script_flags([plan[key]["script"]], [*plan[key]["flags"], *extra])
     live, closed, stopping = [], [], False
     # when each run is asked to stop: PPG earlier, as it goes on to its phase's end (`--stop-at-phase-end`)
-    margin = {
-        key: opts.margin + (opts.phase_margin if run["script"].startswith("ppg") else 0) for key, run in plan.items()
-    }
+    margin = {key: opts.margin + (opts.phase_margin if stops_at_phase_end(run) else 0) for key, run in plan.items()}
     # each run's share of the cores for torch's threads: OpenMP's idle threads spin, and runs that each take all the
     # cores leave procgen's threads none (`throughput.py --suite machine`)
     share = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // opts.parallel))}
