@@ -128,11 +128,16 @@ class RolloutPolicy:
             return self.policy_step(self.agent, next_obs)
         out = self.policy_step(self.agent, next_obs, self.noise[self.t])
         if self.folded:  # the training envs' games step while the test envs' forward pass runs, then theirs start
-            self.envs.unwrapped.act_ahead(out[0].cpu().numpy())
+            self.action = out[0].cpu().numpy()
+            self.envs.unwrapped.act_ahead(self.action)
             self.test_action = self.policy_step(self.agent, self.test_obs, self.test_noise[self.t])[0].cpu().numpy()
             self.test_envs.unwrapped.act_ahead(self.test_action)
         self.t += 1
         return out
+
+    def on_host(self, action):
+        """The step's actions as the games take them; folded, the copy the policy step made (the GPU waited once)."""
+        return self.action if self.folded else action.cpu().numpy()
 
     def test_results(self, test_obs, episodes, global_step):
         """Folded, at the rollout's end: the test envs' episodes join `episodes` as the test loop logs them, and their

@@ -663,7 +663,9 @@ def update_minibatch(agent, optimizer, mb, args: Args):
         mb_rewards, mb_dones, mb_next_value, mb_next_done = mb_vtrace
         mb_returns = mb_advantages + mb_values
         with torch.no_grad():
-            r, v, d, rho = (x.view(args.num_steps, -1) for x in (mb_rewards, mb_values, mb_dones, ratio))  # a column
+            # the ratio and the value detached: a view taken under no_grad of a tensor that requires grad fails to
+            # compile in torch 2.11 (pytorch/pytorch#173926; 2.13 does on a CPU), as a GPU kit run found
+            r, v, d, rho = (x.view(args.num_steps, -1) for x in (mb_rewards, mb_values, mb_dones, ratio.detach()))
             clips = (args.vtrace_rho_clip, args.vtrace_c_clip)  # a segment, as in the rollout
             gae = compute_gae(r, v, d, mb_next_value, mb_next_done, args.gamma, args.gae_lambda, rho, *clips)
             mb_advantages = gae[0].view(-1)
@@ -672,7 +674,7 @@ def update_minibatch(agent, optimizer, mb, args: Args):
                 mb_advantages = (mb_advantages - mb_mean) / (mb_std + 1e-8)
             # for the loop to write (vtrace_refresh): the clipped share, and the values the buffer's copy takes
             vtrace_writes = dict(
-                vtrace_rho_clipped=(ratio > args.vtrace_rho_clip).float().mean(), vtrace_values=newvalue[:, 0]
+                vtrace_rho_clipped=(ratio > args.vtrace_rho_clip).float().mean(), vtrace_values=newvalue.detach()[:, 0]
             )
     # ── end V-trace ──
     # ── per-minibatch advantages [17]: baselines' PPO2's normalisation (numpy's std: the population's) ──: of the
@@ -798,7 +800,7 @@ def train(args: Args):
             timer.lap()  # [32]
             action, logprobs[step], values[step] = policy(next_obs)  # [35] policy_step, or folded
             actions[step] = action
-            action = action.cpu().numpy()
+            action = policy.on_host(action)  # [35] copied back once
             timer.lap("inference")  # [32]
             # TRY NOT TO MODIFY: execute the game and log data.
             next_obs, reward, terminations, truncations, infos = envs.step(action)

@@ -157,6 +157,12 @@ MUTANTS = [
     (PPG, "loss + pg_loss - args.ent_coef * entropy_loss", "loss + pg_loss + args.ent_coef * entropy_loss",
      "PPG: entropy bonus with its sign flipped"),
     (PPG, "logratio = newlogprob - mb_logprobs", "logratio = mb_logprobs - newlogprob", "PPG: ratio inverted"),
+    *[(full, old, new, f"{full[:3].upper()} full: V-trace's {what} a view taken under no_grad of a tensor that requires"
+       " grad (AOTAutograd in torch 2.11 cannot compile it)", (["tests/test_compile.py"], "options")) for full in
+      (PPO_FULL, PPG_FULL) for old, new, what in [("ratio.detach()))", "ratio))", "ratios"),
+                                                  ("newvalue.detach()[:, 0]", "newvalue[:, 0]", "refreshed values")]],
+    (PPO_FULL, "return self.action if self.folded else action.cpu().numpy()", "return action.cpu().numpy()",
+     "PPO full: a folded step's actions copied back twice", (["tests/test_host_syncs.py"], "rollout_step", "any case")),
     (PPG, "    optimizer.zero_grad()\n    loss.backward()", "    loss.backward()",
      "PPG: zero_grad removed from the policy phase"),
     (PPG, "1_000_003, 0, 0, args)", "1_000_003, args.num_levels, args.start_level, args)",

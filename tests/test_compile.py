@@ -37,16 +37,37 @@ def given_tensors(value):
     return [t for v in value for t in given_tensors(v)] if isinstance(value, (tuple, list)) else []
 
 
+class NoGradViews(torch.overrides.TorchFunctionMode):
+    """Notes every tensor made under no_grad as a view of one that requires grad: it keeps requires_grad without a
+    grad_fn, and AOTAutograd in torch 2.11 cannot compile a stage where such a tensor outlives a graph break
+    ("element 4 of tensors does not require grad and does not have a grad_fn", pytorch/pytorch#173926): the GPU kit's
+    torch 2.11 failed so with V-trace on, which made two, 2026-11-28. Detached first, a view is an ordinary tensor."""
+
+    def __init__(self, stage, found):
+        super().__init__()
+        self.stage, self.found = stage, found
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not torch.is_grad_enabled():
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is None and t._is_view():
+                    self.found.append(f"{self.stage}: a view made under no_grad ({getattr(func, '__name__', func)})")
+        return out
+
+
 def watch_writes(script, stages, monkeypatch):
     """Each of the script's `stages` noting, at every call, the tensors it was given that it wrote into (in-place
-    writes bump a tensor's version counter, views share their base's): (the stages called, what they wrote)."""
+    writes bump a tensor's version counter, views share their base's) and the views it made under no_grad of tensors
+    that require grad (`NoGradViews`): (the stages called, what they wrote or made)."""
     calls, written = [], []
     for stage in stages:
 
         def versioned(*args, fn=getattr(script, stage)):
             given = given_tensors(args)
             before = [t._version for t in given]
-            out = fn(*args)
+            with NoGradViews(fn.__name__, written):
+                out = fn(*args)
             calls.append(fn.__name__)
             changed = [i for i, (t, v) in enumerate(zip(given, before, strict=True)) if t._version != v]
             written.extend(f"{fn.__name__}: its tensor argument {i}" for i in changed)
