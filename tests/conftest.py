@@ -7,6 +7,7 @@ import importlib.util
 import io
 import math
 import os
+import re
 import resource
 import shutil
 import signal
@@ -88,7 +89,10 @@ def pytest_configure(config):
 
 def pytest_runtest_logreport(report):
     if report.failed and WRITES_FAILURES:
-        reason = report.longreprtext.strip().splitlines()[-30:]  # the assertion and where it failed
+        lines = report.longreprtext.strip().splitlines()
+        # where in the scripts it went through (a compiler's failure ends deep in torch), and how it ended
+        frames = [line for line in lines[:-30] if re.search(r"(procgen\w*|plumbing)\.py:\d+: in ", line)]
+        reason = frames + lines[-30:]
         with open(FAILURES_FILE, "a") as f:
             f.write(f"## {report.nodeid} ({report.when})\n" + "\n".join(reason) + "\n\n")
 

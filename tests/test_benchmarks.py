@@ -745,9 +745,12 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
 def test_a_failing_test_s_reason_is_written_as_it_fails(tmp_path):
     """The GPU kit's CUDA tests may be stopped at the step's time limit, before pytest writes any failure's reason:
     with TESTS_FAILURES_FILE set, tests/conftest.py writes each one's as it fails. A test that fails, then one that
-    never ends: the first's assertion is in the file while pytest still runs the second."""
+    never ends: the first's assertion is in the file while pytest still runs the second; with it, the line of a
+    script's file it went through, dozens of frames above the end (a compiler's failure ends deep in torch)."""
+    (tmp_path / "procgen_planted.py").write_text("import deep\n\ndef update():\n    deep.down(40)\n")
+    (tmp_path / "deep.py").write_text("def down(n):\n    assert n, 'planted reason'\n    down(n - 1)\n")
     (tmp_path / "test_planted.py").write_text(
-        "import time\n\ndef test_fails():\n    assert 6 * 7 == 43, 'planted reason'\n\n"
+        "import time\n\nimport procgen_planted\n\ndef test_fails():\n    procgen_planted.update()\n\n"
         "def test_never_ends():\n    time.sleep(600)\n"
     )
     reasons = tmp_path / "failures.log"
@@ -763,3 +766,4 @@ def test_a_failing_test_s_reason_is_written_as_it_fails(tmp_path):
             proc.kill()
     text = reasons.read_text()
     assert "test_planted.py::test_fails (call)" in text and "planted reason" in text and "never_ends" not in text
+    assert "procgen_planted.py:4: in update" in text and text.count("deep.py:3: in down") < 40
