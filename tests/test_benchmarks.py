@@ -53,6 +53,20 @@ def test_throughput_quick_writes_a_table_and_a_chart(tmp_path):
     assert (tmp_path / "throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize("phase", [1, 2])
+def test_a_ppg_row_with_phases_of_one_iteration_counts_each_phase_in_its_iteration(phase, tmp_path):
+    """The GPU table's PPG rows close a phase every iteration: their steps/s are over the iteration and its auxiliary
+    phase, which the script logs apart (the H100's table of 2026-11-28 left it out: 14,601 steps/s for PPG's
+    defaults, about 4,900 with it). With phases of two iterations, the iteration's own seconds alone."""
+    throughput = __import__("throughput")
+    flags = [*throughput.QUICK_SIZES, *throughput.QUICK_NETWORK, *throughput.QUICK_PPG, "--n-iteration", str(phase)]
+    batch = 4 * 32
+    r = throughput.run("ppg_procgen_full", flags, 2 * phase, batch, tmp_path, timed=phase)
+    aux = r.get("aux_per_iteration", 0)
+    assert (aux > 0) == (phase == 1) and r["perf/aux_seconds"] > 0
+    assert r["sps"] == pytest.approx(batch / (r["perf/iteration_seconds"] + aux))
+
+
 # Planted in the kit's quick run, run first by every Python process of the run (`routed`'s at_start): the speed
 # table's default row fails at its start, its folded row too (with HANG set, it hangs), the host side's lean row
 # fails. Nothing in the kit or the benchmark knows of them.
