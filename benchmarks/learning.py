@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -565,7 +564,7 @@ class Chunk:
         with open(self.log, "a") as log:
             log.write(f"\n# campaign, chunk {self.status['chunks'] + 1}: {' '.join(cmd[1:])}\n")
         self.offset, self.iterations, self.signalled = self.log.stat().st_size, 0, None
-        self.timed, self.at_once = [], 1  # (steps, seconds) of each iteration; the most runs seen going at once
+        self.timed, self.at_once = [], 1  # (step, when read) of each iteration; the most runs seen going at once
         print(f"campaign: {key}: " + ("resumes from " + str(ckpt) if ckpt else "starts"), flush=True)
         # a session of its own: a Ctrl-C at the terminal reaches the campaign, which stops each run with a checkpoint
         with open(self.log, "a") as log:
@@ -580,16 +579,20 @@ class Chunk:
             text = f.read()
         text = text[: text.rfind("\n") + 1]  # whole lines only
         self.offset += len(text.encode())
-        for iteration, iterations, step, seconds in ITERATION_LINE.findall(text):
+        now = time.time()
+        for iteration, iterations, step, _ in ITERATION_LINE.findall(text):
             self.iterations += 1
-            self.timed.append((int(step) - self.status["step"], float(seconds)))
+            self.timed.append((int(step), now))
             self.status.update(logged_iteration=int(iteration), iterations=int(iterations), step=int(step))
 
     def speed(self):
-        """The chunk's steps per second over its iterations after its first (which compiles), the median; None with
-        fewer than two."""
-        rates = [steps / seconds for steps, seconds in self.timed[1:] if seconds > 0]
-        return round(statistics.median(rates)) if rates else None
+        """The chunk's steps per second on the clock, from its first iteration's end (the first compiles) to its last's:
+        PPG's auxiliary phases and the checkpoints in it, which an iteration's own seconds leave out (the console's
+        s/iter is the policy iteration's); None with fewer than two iterations."""
+        if len(self.timed) < 2 or self.timed[-1][1] <= self.timed[0][1]:
+            return None
+        (first, start), (last, end) = self.timed[0], self.timed[-1]
+        return round((last - first) / (end - start))
 
     def signal(self, signum):
         """SIGTERM to the run (its handler finishes the iteration and writes a checkpoint); SIGKILL to the run and
@@ -685,7 +688,8 @@ def campaign(opts, extra):
     paces = [pace for pace in paces if pace]
     if paces:  # the machine's total at this many runs at once (throughput.py --suite machine measures it apart)
         print(f"campaign: this window's runs, up to {max(p['runs_at_once'] for p in paces)} at once: "
-              f"{sum(p['steps_per_second'] for p in paces):,} steps/s in all, after each one's first iteration "
+              f"{sum(p['steps_per_second'] for p in paces):,} steps/s in all, on the clock after each one's first "
+              "iteration "
               f"({', '.join(str(p['steps_per_second']) for p in paces)})", flush=True)  # fmt: skip
     ran = list(dict.fromkeys(key for key, _ in closed))
     for key in ran + ([COMPILE_CACHE] if ran and cache.is_dir() else []):

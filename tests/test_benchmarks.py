@@ -702,6 +702,45 @@ def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, mo
     assert "not started, too little time left: starpilot__ppg_procgen__1" in capsys.readouterr().out
 
 
+def test_a_campaign_s_pace_is_on_the_clock_auxiliary_phases_included(tmp_path, monkeypatch):
+    """A run's pace in campaign.json is its steps over the clock's seconds from its first iteration's end to its last's:
+    a stand-in PPG run logs iterations of 1 s (its console's s/iter) of 1,000 steps, with 3 s of auxiliary phase after
+    every fourth, so 4,000 steps in 7 s: about 571 steps/s, where the iterations' own seconds said 1,000 (the pace
+    before 2026-11-28, which would have planned PPG's windows at PPO's pace)."""
+    import types
+
+    import learning
+
+    plan = [{"script": "ppg_procgen_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}]
+    (tmp_path / "plan").write_text(json.dumps({"runs": plan}))
+    clock = [1000.0]  # the campaign's `time.time()`, which its waits of 0.1 s move on
+
+    class Process:  # logs an iteration at each of its ends on the clock, until asked to stop
+        def __init__(self, cmd, cwd, **kwargs):
+            self.log, self.start, self.logged, self.returncode = os.path.join(cwd, "log.txt"), clock[0], 0, None
+
+        def poll(self):
+            k = self.logged + 1  # iteration k ends at k seconds, plus 3 s for each phase before it
+            while self.returncode is None and self.start + k + 3 * ((k - 1) // 4) <= clock[0]:
+                with open(self.log, "a") as f:
+                    f.write(f"iter {k}/1000  step {1000 * k}  SPS 1000  (1.0s/iter, 9.9 min left)  return 0.00\n")
+                self.logged = k = k + 1
+            return self.returncode
+
+        def send_signal(self, signum):
+            self.returncode = 128 + signum
+
+    tick = types.SimpleNamespace(time=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(learning, "time", tick)
+    monkeypatch.setattr(learning.subprocess, "Popen", Process)
+    monkeypatch.setattr(learning, "check_script_flags", lambda *a: None)
+    monkeypatch.setattr(learning, "write_campaign_report", lambda *a: None)
+    folders = [x for name in ("plan", "work", "state", "report") for x in (f"--{name}", str(tmp_path / name))]
+    learning.campaign(*learning.parse(["campaign", "--budget", "40", "--margin", "1", "--phase-margin", "1", *folders]))
+    status = json.loads((tmp_path / "work" / "starpilot__ppg_procgen__1" / "campaign.json").read_text())
+    assert status["step"] >= 20_000 and 540 <= status["speed"]["steps_per_second"] <= 600, status
+
+
 def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tmp_path):
     """Quick mode: a PPO run of 5 tiny iterations, stopped by the campaign after 2 of them (it writes its checkpoint
     and exits), packed into parts under the size limit; its folder then lost, as on another machine, and resumed from
