@@ -5,7 +5,8 @@ and the figures that a CPU cannot give, gathered in GPU.md with the GPU, torch a
     python benchmarks/gpu.py --quick    # the same steps at tiny sizes on the CPU: checks that the kit runs
 
 The steps, each timed, each one's output kept beside GPU.md:
-  1. the CUDA tests: `python -m pytest -k "cuda or gpu"`, tests/test_gpu.py's first (the GPU's defaults), the
+  1. the CUDA tests: `python -m pytest -k "cuda or gpu"` (or `--tests EXPR`: a window short of time reruns those
+     that failed), tests/test_gpu.py's first (the GPU's defaults), the
      host-sync tests among them (no host-device sync between two minibatches; a rollout step waits no more than its
      copies back);
   2. `throughput.py --suite gpu --device cuda --reps 3 --only ...`: the lean loop, then PPO's GPU defaults (CUDA
@@ -107,7 +108,7 @@ def steps(opts):
         # each test's outcome in cuda_tests.xml when the step ends, in its log as it goes
         (
             "CUDA tests",
-            [*pytest, *tests, *serial, "-k", "cuda or gpu", "--junitxml", str(opts.out / "cuda_tests.xml")],
+            [*pytest, *tests, *serial, "-k", opts.tests, "--junitxml", str(opts.out / "cuda_tests.xml")],
             None,
         ),
         (
@@ -161,6 +162,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="tiny sizes on the CPU: checks that the kit runs")
     parser.add_argument("--out", type=Path, default=None, help="where GPU.md and the tables go (gpu/; quick: quick/)")
     parser.add_argument("--skip", nargs="*", default=[], metavar="TITLE", help="steps to leave out, by title")
+    tests_help = "pytest's -k for the CUDA tests step: a window short of time reruns those that failed"
+    parser.add_argument("--tests", default="cuda or gpu", metavar="EXPR", help=tests_help)
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="every step's time limit (default: each step's own, 9.5 minutes in all)")  # fmt: skip
     parser.add_argument("--row-timeout", type=float, default=120, metavar="SECONDS",

@@ -639,14 +639,22 @@ def test_compiled_runs_keep_their_stages_in_the_campaign_s_cache(tmp_path, monke
     assert gpu.step_env("CUDA tests", kit) == {} and gpu.step_env("Speed options", argparse.Namespace(quick=True)) == {}
     # the kit itself, its steps' commands stood in for: the speed step's runs get the cache, the others none
     steps = []
-    monkeypatch.setattr(gpu, "run_step", lambda cmd, limit, env: steps.append(env) or (0, "1 passed"))
+    monkeypatch.setattr(gpu, "run_step", lambda cmd, limit, env: steps.append((cmd, env)) or (0, "1 passed"))
     monkeypatch.setattr(sys, "argv", ["gpu.py", "--out", str(tmp_path / "kit")])
     with pytest.raises(SystemExit) as kit_ended:
         gpu.main()
     assert kit_ended.value.code == 0 and len(steps) == 3
-    cache = [step.get("TORCHINDUCTOR_CACHE_DIR") for step in steps]
+    cache = [env.get("TORCHINDUCTOR_CACHE_DIR") for _, env in steps]
     assert cache[1] == str(default_work / learning.COMPILE_CACHE), cache
     assert cache[0] == cache[2] == os.environ.get("TORCHINDUCTOR_CACHE_DIR"), cache
+    # a window short of time reruns the CUDA tests that failed: `--tests` is the test step's -k
+    first = steps[0][0]
+    assert first[first.index("-k") + 1] == "cuda or gpu"
+    steps.clear()
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--out", str(tmp_path / "kit"), "--tests", "cuda and separate"])
+    with pytest.raises(SystemExit):
+        gpu.main()
+    assert steps[0][0][steps[0][0].index("-k") + 1] == "cuda and separate"
 
 
 def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, monkeypatch, capsys):
