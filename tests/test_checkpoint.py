@@ -119,6 +119,10 @@ def test_interrupted_and_resumed_run_logs_the_same_losses(tmp_path, monkeypatch,
     # path says what: the weights, Adam's moments (the restore), or the minibatch (the rollout's games or draws)
     first = len(straight_updates) // 4 * 3
     assert differences(straight_updates[first], resumed_updates[0]) == []
+    # and each of its updates after the first (a GPU's PPG with its own auxiliary Adam parted after the first, at the
+    # seventh digit: where identical inputs give other outputs, the update itself differs between the two runs)
+    for i, (a, b) in enumerate(zip(straight_updates[first:], resumed_updates, strict=True)):
+        assert differences(a, b) == [], f"iteration 4's update {i + 1}: {differences(a, b)[:5]}"
     # the console's means of the recent returns go on from the checkpoint, as in the uninterrupted run
     last = [[line.split("left)")[1] for line in out.splitlines() if line.startswith("iter 4/4")]
             for out in (straight_console, capsys.readouterr().out)]  # fmt: skip
