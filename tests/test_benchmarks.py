@@ -162,12 +162,14 @@ def test_a_speed_row_past_its_time_limit_is_stopped_and_named(tmp_path):
 
 
 def test_the_gpu_kit_stops_a_step_past_its_time_limit_and_says_so(tmp_path):
-    """A step that outlasts its limit (half a second: the tests' start alone takes longer) is stopped with the
-    processes it started; the console and GPU.md say it timed out, and the kit goes on to the next step and exits 1."""
+    """A step that outlasts its limit (half a second: each step's process is made to wait a minute first; the tests'
+    own start once took longer, until a fast CPU ran them in less) is stopped with the processes it started; the
+    console and GPU.md say it timed out, and the kit goes on to the next step and exits 1."""
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--quick", "--out", str(tmp_path), "--timeout", "0.5",
            "--skip", "Speed options"]  # fmt: skip
     (tmp_path / "GPU_SPEED.md").write_text("# an earlier run's\n\n| PPO stale row |\n")  # not this run's: cleared
-    proc = run_routed(cmd, timeout=120)
+    slow = "import sys, time\nif '-k' in sys.argv or '--suite' in sys.argv:\n    time.sleep(60)\n"  # the steps' own
+    proc = run_routed(cmd, timeout=120, at_start=planted(tmp_path, slow))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     kit = (tmp_path / "GPU.md").read_text()
     assert "stale" not in kit and not (tmp_path / "GPU_SPEED.md").exists()
@@ -513,7 +515,7 @@ def test_the_gpu_table_warms_the_cache_once_and_names_the_cuda_graphs_skipped(tm
 
     scalars = {f"perf/{k}_seconds": 0.5 for k in ("env", "inference", "eval", "update", "iteration")}
     acc = types.SimpleNamespace(Tags=lambda: {"scalars": list(scalars)},
-                                Scalars=lambda tag: [types.SimpleNamespace(value=scalars[tag])])  # fmt: skip
+                                Scalars=lambda tag: [types.SimpleNamespace(step=1, value=scalars[tag])])  # fmt: skip
     stderr = "W1126 skipping cudagraphs due to mutated inputs (1 instances)\nother\nskipping cudagraphs due to cpu\n"
 
     def logged(said):  # a run whose events are `scalars` and whose stderr is `said`
