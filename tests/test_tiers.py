@@ -222,3 +222,11 @@ def test_a_full_file_is_its_algorithm_and_calls_into_the_plumbing(name):
     assert len(text.splitlines()) <= FULL_LINES[name], f"{name}.py: {len(text.splitlines())} lines"
     train = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == "train")
     assert train.end_lineno - train.lineno + 1 <= TRAIN_LINES, f"train(): {train.end_lineno - train.lineno + 1} lines"
+
+
+def test_every_mistake_of_the_mutation_run_is_on_a_line_of_today_s_code():
+    """tests/mutate.py's mistakes each change a line that stands in its file exactly once: a change that moves such a
+    line fails here, in the suite, not at the mutation run's start (as one did, 2026-11-28)."""
+    import mutate
+
+    assert mutate.stale(mutate.MUTANTS) == []
