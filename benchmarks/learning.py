@@ -422,8 +422,8 @@ def phases(opts):
 
 # ── campaign: the protocol's long runs, each advanced a chunk at a time by whatever window of time there is ──
 PLAN = HERE / "campaign" / "plan.json"
-# a full file's console line after an iteration: the iteration, of how many, the step, the iteration's seconds
-ITERATION_LINE = re.compile(r"^iter (\d+)/(\d+)  step (\d+)  SPS \d+  \(([\d.]+)s/iter", re.M)
+# a full file's console line after an iteration: the iteration, of how many, the step
+ITERATION_LINE = re.compile(r"^iter (\d+)/(\d+)  step (\d+)  SPS \d+  \([\d.]+s/iter", re.M)
 # inductor's cache of the runs' compiled stages (and Triton's kernels), packed with the runs: a window on a new machine
 # loads them where it would compile them afresh (one CPU run's first iteration: 42 s cold, 6 s from a cache copied to
 # another folder; 4.6 MB, 0.25 MB packed)
@@ -580,7 +580,7 @@ class Chunk:
         text = text[: text.rfind("\n") + 1]  # whole lines only
         self.offset += len(text.encode())
         now = time.time()
-        for iteration, iterations, step, _ in ITERATION_LINE.findall(text):
+        for iteration, iterations, step in ITERATION_LINE.findall(text):
             self.iterations += 1
             self.timed.append((int(step), now))
             self.status.update(logged_iteration=int(iteration), iterations=int(iterations), step=int(step))

@@ -659,19 +659,33 @@ def test_compiled_runs_keep_their_stages_in_the_campaign_s_cache(tmp_path, monke
     assert steps[0][0][steps[0][0].index("-k") + 1] == "cuda and separate"
 
 
+def campaign_stood_in(monkeypatch, tmp_path, plan, process, clock):
+    """`learning`, set to run a campaign of `plan` whose runs' processes are `process` and whose clock is `clock` (its
+    `time.time()`, a list of one number), which each of the campaign's waits of 0.1 s moves on: when anything happens
+    is known to a wait, whatever the machine's load. The folders' flags, each in `tmp_path`."""
+    import types
+
+    import learning
+
+    (tmp_path / "plan").write_text(json.dumps({"runs": plan}))
+    tick = types.SimpleNamespace(time=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(learning, "time", tick)
+    monkeypatch.setattr(learning.subprocess, "Popen", process)
+    monkeypatch.setattr(learning, "check_script_flags", lambda *a: None)
+    monkeypatch.setattr(learning, "write_campaign_report", lambda *a: None)
+    return [x for name in ("plan", "work", "state", "report") for x in (f"--{name}", str(tmp_path / name))]
+
+
 def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, monkeypatch, capsys):
     """A PPG run's chunk is told to stop at its phase's end (a checkpoint inside a phase holds its rollouts, up to 6.25
     GiB, which cannot travel), fresh or resumed, and is asked to stop `--phase-margin` seconds before a PPO run; a run
     starts only with `--margin` seconds to run before it is asked to stop, and one that cannot is named. The runs'
     processes are stood in for, and the campaign's clock: each of its waits moves it on, so that when each run was
     asked to stop is known to a wait, whatever the machine's load."""
-    import types
-
     import learning
 
     plan = [{"script": f"{name}_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}
             for name in ("ppg_procgen", "ppo_procgen")]  # fmt: skip
-    (tmp_path / "plan").write_text(json.dumps({"runs": plan}))
     (tmp_path / "work" / "starpilot__ppg_procgen__1" / "runs" / "x" / "checkpoints").mkdir(parents=True)
     (tmp_path / "work" / "starpilot__ppg_procgen__1" / "runs" / "x" / "checkpoints" / "iter_00000032.pt").touch()
     started, stopped = {}, {}
@@ -688,15 +702,9 @@ def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, mo
             stopped[self.key] = round(deadline - clock[0], 6)
             self.returncode = 128 + signum
 
-    clock = [1000.0]  # the campaign's `time.time()`, which its waits of 0.1 s move on
-    tick = types.SimpleNamespace(time=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))
-    monkeypatch.setattr(learning, "time", tick)
-
-    folders = [x for name in ("plan", "work", "state", "report") for x in (f"--{name}", str(tmp_path / name))]
+    clock = [1000.0]
+    folders = campaign_stood_in(monkeypatch, tmp_path, plan, Process, clock)
     argv = ["campaign", "--budget", "4", "--margin", "0.5", "--phase-margin", "1", *folders]
-    monkeypatch.setattr(learning.subprocess, "Popen", Process)
-    monkeypatch.setattr(learning, "check_script_flags", lambda *a: None)
-    monkeypatch.setattr(learning, "write_campaign_report", lambda *a: None)
     deadline = clock[0] + 4
     learning.campaign(*learning.parse(argv))
     ppo, ppg = started["starpilot__ppo_procgen__1"], started["starpilot__ppg_procgen__1"]
@@ -717,13 +725,10 @@ def test_a_campaign_s_pace_is_on_the_clock_auxiliary_phases_included(tmp_path, m
     a stand-in PPG run logs iterations of 1 s (its console's s/iter) of 1,000 steps, with 3 s of auxiliary phase after
     every fourth, so 4,000 steps in 7 s: about 571 steps/s, where the iterations' own seconds said 1,000 (the pace
     before 2026-11-28, which would have planned PPG's windows at PPO's pace)."""
-    import types
-
     import learning
 
     plan = [{"script": "ppg_procgen_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}]
-    (tmp_path / "plan").write_text(json.dumps({"runs": plan}))
-    clock = [1000.0]  # the campaign's `time.time()`, which its waits of 0.1 s move on
+    clock = [1000.0]
 
     class Process:  # logs an iteration at each of its ends on the clock, until asked to stop
         def __init__(self, cmd, cwd, **kwargs):
@@ -740,12 +745,7 @@ def test_a_campaign_s_pace_is_on_the_clock_auxiliary_phases_included(tmp_path, m
         def send_signal(self, signum):
             self.returncode = 128 + signum
 
-    tick = types.SimpleNamespace(time=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))
-    monkeypatch.setattr(learning, "time", tick)
-    monkeypatch.setattr(learning.subprocess, "Popen", Process)
-    monkeypatch.setattr(learning, "check_script_flags", lambda *a: None)
-    monkeypatch.setattr(learning, "write_campaign_report", lambda *a: None)
-    folders = [x for name in ("plan", "work", "state", "report") for x in (f"--{name}", str(tmp_path / name))]
+    folders = campaign_stood_in(monkeypatch, tmp_path, plan, Process, clock)
     learning.campaign(*learning.parse(["campaign", "--budget", "40", "--margin", "1", "--phase-margin", "1", *folders]))
     status = json.loads((tmp_path / "work" / "starpilot__ppg_procgen__1" / "campaign.json").read_text())
     assert status["step"] >= 20_000 and 540 <= status["speed"]["steps_per_second"] <= 600, status
