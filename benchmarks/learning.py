@@ -37,6 +37,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import slim_procgen
 import throughput
 import tyro
 
@@ -641,6 +642,10 @@ def campaign(opts, extra):
     unknown = set(opts.only or []) - plan.keys()
     if unknown:  # before anything is unpacked or started
         raise SystemExit(f"--only: {sorted(unknown)} not in {opts.plan}; its runs: {list(plan)}")
+    slimmed = slim_procgen.slim_games()  # a procgen packed lighter to travel draws only its games' backgrounds
+    other = sorted({plan[key]["env_id"] for key in opts.only or plan} - set(slimmed)) if slimmed is not None else []
+    if other:  # before anything is unpacked or started: the runs would learn from other frames than the protocol's
+        raise SystemExit(f"campaign: this procgen is slimmed for {' '.join(slimmed)} (slim_procgen.py): not {other}")
     opts.work.mkdir(parents=True, exist_ok=True)
     opts.state.mkdir(parents=True, exist_ok=True)
     unpack(opts.state, opts.work)

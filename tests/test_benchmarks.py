@@ -9,7 +9,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -803,6 +805,44 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
     curves = (tmp_path / "chunked_report" / "defaults" / "curves.csv").read_text().splitlines()
     assert [line.split(",")[3] for line in curves[1:]] == [str(128 * i) for i in range(1, 6)]  # every logged step
     assert all(p.stat().st_size <= limit for p in (tmp_path / "chunked").iterdir())
+
+
+def test_a_slimmed_procgen_keeps_its_games_frames_and_the_campaign_refuses_the_others(tmp_path, capsys, monkeypatch):
+    """slim_procgen.py on a package packed from the procgen installed here: the backgrounds starpilot does not draw
+    become 1x1, its frames stay the same bit for bit while a game drawing a replaced folder's change (the check can
+    fail), and a campaign with that package refuses any other game before it unpacks or starts anything."""
+    from importlib.util import find_spec
+
+    import slim_procgen
+
+    site = Path(find_spec("procgen").origin).parent.parent
+    pack = tmp_path / "procgen.tar"
+    with tarfile.open(pack, "w") as t:
+        for top in [site / "procgen", *site.glob("procgen*.libs")]:
+            t.add(top, arcname=top.name)
+    slim_procgen.main([str(pack), "--games", "starpilot", "--steps", "20"])
+    out = capsys.readouterr().out
+    assert "starpilot: the same frames" in out and "bigfish (not kept): its frames changed" in out, out
+    with tarfile.open(pack) as t:
+        t.extractall(tmp_path / "slim", filter="tar")
+    assets, kept = tmp_path / "slim" / "procgen" / "data" / "assets", site / "procgen" / "data" / "assets"
+    assert (assets / "water_backgrounds" / "water1.png").read_bytes() == slim_procgen.tiny_png()
+    assert (assets / "platform_backgrounds" / "alien_bg.png").read_bytes() == slim_procgen.tiny_png()
+    for name in ("space_backgrounds/deep_space_01.png", "kenney/Tiles/lava.png"):
+        assert (assets / name).read_bytes() == (kept / name).read_bytes(), name
+    assert slim_procgen.slim_games(tmp_path / "slim" / "procgen") == ["starpilot"]
+    assert slim_procgen.slim_games(site / "procgen") is None
+
+    import learning
+
+    work = tmp_path / "work"
+    only = ["--only", "starpilot__ppo_procgen__1", "bigfish__ppo_procgen__1"]
+    folders = ["--work", str(work), "--state", str(tmp_path / "state"), "--report", str(tmp_path / "report")]
+    argv = ["campaign", "--budget", "1", *folders, *only]  # a second: were the game let through, nothing would start
+    monkeypatch.setattr(slim_procgen, "slim_games", lambda: ["starpilot"])
+    with pytest.raises(SystemExit, match=r"slimmed for starpilot .*not \['bigfish'\]"):
+        learning.campaign(*learning.parse(argv))
+    assert not work.exists()
 
 
 def test_a_failing_test_s_reason_is_written_as_it_fails(tmp_path):
