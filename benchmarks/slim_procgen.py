@@ -146,6 +146,12 @@ def main(argv=None):
     if not opts.pack.is_file():
         raise SystemExit(f"pack: {opts.pack} is not a file")
     replaced_folders(opts.games)  # the games' names checked before the package is read
+    with tarfile.open(opts.pack) as t:
+        mark = t.extractfile(SLIM_MARK).read().decode().split() if SLIM_MARK in t.getnames() else None
+    if mark is not None and set(opts.games) <= set(mark):
+        return print(f"slim_procgen: {opts.pack} is slimmed already, for {' '.join(mark)}")
+    if mark is not None:  # its replaced pictures are gone: only the full package can be slimmed for other games
+        raise SystemExit(f"pack: {opts.pack} is slimmed for {' '.join(mark)}: gather the full package again")
     dst = opts.pack.with_name("slim-" + opts.pack.name)
     try:
         count = slim(opts.pack, dst, opts.games)

@@ -832,6 +832,10 @@ def test_a_slimmed_procgen_keeps_its_games_frames_and_the_campaign_refuses_the_o
         assert (assets / name).read_bytes() == (kept / name).read_bytes(), name
     assert slim_procgen.slim_games(tmp_path / "slim" / "procgen") == ["starpilot"]
     assert slim_procgen.slim_games(site / "procgen") is None
+    slim_procgen.main([str(pack), "--games", "starpilot"])  # slimmed already: said, and left as it is
+    assert "slimmed already" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="slimmed for starpilot: gather the full package again"):
+        slim_procgen.main([str(pack), "--games", "starpilot", "coinrun"])
 
     import learning
 
