@@ -82,10 +82,20 @@ def random_policy_return(env_id, episodes=500, seed=1):
     return float(np.mean(returns)), float(np.std(returns))
 
 
+def check_slimmed(games, what):
+    """A procgen packed lighter to travel (slim_procgen.py) draws only its games' backgrounds: any other game would
+    learn from other frames than the protocol's, and is refused before anything starts."""
+    slimmed = slim_procgen.slim_games()
+    other = sorted(set(games) - set(slimmed)) if slimmed is not None else []
+    if other:
+        raise SystemExit(f"{what}: this procgen is slimmed for {' '.join(slimmed)} (slim_procgen.py): not {other}")
+
+
 def run(opts, extra):
     check_script_flags(opts.scripts, extra)
-    opts.runs.mkdir(parents=True, exist_ok=True)
     opts.env_ids = list(EASY_RANGES) if opts.env_ids == ["all"] else opts.env_ids
+    check_slimmed(opts.env_ids, "run")
+    opts.runs.mkdir(parents=True, exist_ok=True)
     jobs = [(s, e, seed) for e in opts.env_ids for seed in opts.seeds for s in opts.scripts]
     procs, started = [], time.time()
     for script, env_id, seed in jobs:
@@ -642,10 +652,7 @@ def campaign(opts, extra):
     unknown = set(opts.only or []) - plan.keys()
     if unknown:  # before anything is unpacked or started
         raise SystemExit(f"--only: {sorted(unknown)} not in {opts.plan}; its runs: {list(plan)}")
-    slimmed = slim_procgen.slim_games()  # a procgen packed lighter to travel draws only its games' backgrounds
-    other = sorted({plan[key]["env_id"] for key in opts.only or plan} - set(slimmed)) if slimmed is not None else []
-    if other:  # before anything is unpacked or started: the runs would learn from other frames than the protocol's
-        raise SystemExit(f"campaign: this procgen is slimmed for {' '.join(slimmed)} (slim_procgen.py): not {other}")
+    check_slimmed({plan[key]["env_id"] for key in opts.only or plan}, "campaign")  # before anything is unpacked
     opts.work.mkdir(parents=True, exist_ok=True)
     opts.state.mkdir(parents=True, exist_ok=True)
     unpack(opts.state, opts.work)

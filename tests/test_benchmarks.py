@@ -846,9 +846,17 @@ def test_a_slimmed_procgen_keeps_its_games_frames_and_the_campaign_refuses_the_o
     folders = ["--work", str(work), "--state", str(tmp_path / "state"), "--report", str(tmp_path / "report")]
     argv = ["campaign", "--budget", "1", *folders, *only]  # a second: were the game let through, nothing would start
     monkeypatch.setattr(slim_procgen, "slim_games", lambda: ["starpilot"])
-    with pytest.raises(SystemExit, match=r"slimmed for starpilot .*not \['bigfish'\]"):
+    with pytest.raises(SystemExit, match=r"campaign: this procgen is slimmed for starpilot .*not \['bigfish'\]"):
         learning.campaign(*learning.parse(argv))
-    assert not work.exists()
+    runs = tmp_path / "runs"  # and `run` (`--env-ids all`: the 16 games), before it starts or makes anything
+
+    def started(*args, **kwargs):  # were the games let through, the test fails here instead of training them
+        raise AssertionError(f"a run started: {args[0]}")
+
+    monkeypatch.setattr(learning.subprocess, "Popen", started)
+    with pytest.raises(SystemExit, match=r"run: this procgen is slimmed for starpilot .*not \['bigfish', 'bossfight'"):
+        learning.run(*learning.parse(["run", "--env-ids", "all", "--runs", str(runs)]))
+    assert not work.exists() and not runs.exists()
 
 
 def test_a_failing_test_s_reason_is_written_as_it_fails(tmp_path):
