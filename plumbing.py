@@ -664,10 +664,10 @@ def hold_run(run_dir, args):
 
 
 def set_aside_newer(ckpt, run_dir):
-    """Rank 0, holding the run: a `*.tmp` that a cut write left goes; a resume from an older checkpoint than its run's
-    newest moves the newer ones to `checkpoints/abandoned/`: rotation, `--resume RUN_DIR` and torchrun restarts follow
-    the line that goes on from here."""
-    for tmp in glob.glob(f"{glob.escape(run_dir)}/checkpoints/*.tmp"):
+    """Rank 0, holding the run: a `*.tmp` that a cut write left goes (a checkpoint's, the model file's); a resume from
+    an older checkpoint than its run's newest moves the newer ones to `checkpoints/abandoned/`: rotation, `--resume
+    RUN_DIR` and torchrun restarts follow the line that goes on from here."""
+    for tmp in glob.glob(f"{glob.escape(run_dir)}/checkpoints/*.tmp") + glob.glob(f"{glob.escape(run_dir)}/*.tmp"):
         os.remove(tmp)
     found = checkpoints(run_dir) if ckpt else []
     newer = [p for p in found if os.path.basename(p) > checkpoint_name(ckpt["iteration"], ckpt.get("aux_epoch", 0))]

@@ -236,6 +236,8 @@ MUTANTS = [
         ("if os.path.basename(p) < name]", "]", "rotation by name over every checkpoint, newer ones included"),
         ("fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)", "f.fileno()", "the run directory's lock never taken"),
         ("        os.remove(tmp)\n", "        pass\n", "a stale .tmp checkpoint left in place"),
+        ('/checkpoints/*.tmp") + glob.glob(f"{glob.escape(run_dir)}/*.tmp"):', '/checkpoints/*.tmp"):',
+         "a stale .tmp model file (a `--save-model` write cut short) left in place"),
         ('and Path(d, "torchrun_job").read_text() == owner]', "]", "a torchrun restart takes any run of its name"),
         ('glob.glob(f"{glob.escape(folder)}/', 'glob.glob(f"{folder}/',
          "a run directory's name read as a glob pattern (`--exp-name 'lr[1e-3]'`)"),

@@ -703,17 +703,19 @@ def test_a_stale_temporary_checkpoint_is_removed_at_the_next_start_and_never_rea
     trained, tmp_path, monkeypatch, capsys
 ):
     """A second signal during a write leaves `iter_N.pt.tmp`, here a whole copy of a checkpoint: `--resume` of it is
-    one line, and the next start of the run removes it."""
+    one line, and the next start of the run removes it, and the model file's that a kill during `--save-model` left."""
     script, flags, run_dir = copy_of_run(trained, tmp_path)
     monkeypatch.chdir(tmp_path)
     newest = sorted((run_dir / "checkpoints").glob("iter_*.pt"))[-1]
     stale = run_dir / "checkpoints" / "iter_00000007.pt.tmp"
     shutil.copy(newest, stale)
+    stale_model = run_dir / "run.cleanrl_model.tmp"  # as `write_whole` names the model file's write
+    stale_model.write_bytes(b"cut short")
     with pytest.raises(SystemExit) as exc:
         train(script, [*flags, "--total-timesteps", "512", "--resume", str(stale)])
     assert one_error_line(capsys, exc).endswith(f"--resume: {stale}: an unfinished checkpoint write, not a checkpoint")
     assert train(script, [*flags, "--total-timesteps", "512", "--resume", str(run_dir)]) == run_dir.name
-    assert not stale.exists()
+    assert not stale.exists() and not stale_model.exists()
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
