@@ -111,7 +111,8 @@ def frames(root, game, steps):
 
 def check(src, dst, games, steps):
     """Each of `games` the same frames from both packages; a game drawing a replaced folder different ones."""
-    control = next((g for g in sorted(BACKGROUNDS) if set(BACKGROUNDS[g]) <= set(replaced_folders(games))), None)
+    replaced = set(replaced_folders(games))
+    control = next((g for g in sorted(BACKGROUNDS) if set(BACKGROUNDS[g]) <= replaced), None)
     with tempfile.TemporaryDirectory() as tmp:
         roots = [Path(tmp, "full"), Path(tmp, "slim")]
         for pack, root in zip([src, dst], roots, strict=True):
