@@ -805,8 +805,11 @@ class Run:
 
     def event_writer(self):
         """Rank 0's TensorBoard writer and the console line of what runs where; on a resume, the events after the
-        checkpoint's step (all, for a torchrun job restarted without one) are dropped."""
-        args, purge_step = self.args, self.ckpt["global_step"] + 1 if self.ckpt else 0
+        checkpoint's step (all, for a torchrun job restarted without one) are dropped. A new run's directory has none:
+        its file holds no purge marker, which read after a resume's file (TensorBoard reads them in name order, and
+        within one second `.10` sorts before `.9`) would drop the resume's events."""
+        had_events = glob.glob(f"{glob.escape(self.dir)}/events.out.tfevents.*")
+        args, purge_step = self.args, self.ckpt["global_step"] + 1 if self.ckpt else (0 if had_events else None)
         writer = NullWriter()
         if args.rank == 0:
             writer = SummaryWriter(make_dir(self.dir, "exp-name"), purge_step=purge_step, max_queue=1000)

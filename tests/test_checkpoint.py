@@ -718,6 +718,29 @@ def test_a_stale_temporary_checkpoint_is_removed_at_the_next_start_and_never_rea
     assert not stale.exists() and not stale_model.exists()
 
 
+def test_a_run_resumed_within_the_same_second_keeps_its_events(tmp_path, monkeypatch):
+    """TensorBoard reads a directory's event files in name order: the second, then the host, the process and a counter
+    (`.10` sorts before `.9`). A run stopped and resumed within one second in one process (as the suite's tests do)
+    can so have its resumed file read first: a purge marker in the new run's file, read after it, dropped every
+    resumed event (a flaky suite, 2026-11-28). A new run writes none; here both files share their second, and the
+    counter crosses from 9 to 10."""
+    import types
+
+    import tensorboard.summary.writer.event_file_writer as event_file_writer
+
+    script = load_script("ppo_procgen_full")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(event_file_writer, "time", types.SimpleNamespace(time=lambda: 1_000.5))
+    monkeypatch.setattr(event_file_writer._global_uid, "_value", 9)
+    flags = [*smoke_args("ppo_procgen_full"), "--device", "cpu", "--checkpoint-interval", "1"]
+    name = train(script, [*flags, "--total-timesteps", "256"])
+    run_dir = tmp_path / "runs" / name
+    assert train(script, [*flags, "--total-timesteps", "384", "--resume", str(run_dir)]) == name
+    files = sorted(p.name for p in run_dir.glob("events.out.tfevents.*"))
+    assert [f.rsplit(".", 1)[1] for f in files] == ["10", "9"], files  # the resumed file is read first
+    assert sorted(step for step, _ in read_scalars(run_dir)["losses/policy_loss"]) == [128, 256, 384]
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_a_restarted_torchrun_job_continues_its_own_run_not_one_that_shares_its_name(name, tmp_path, monkeypatch):
     """Two jobs with the same --rdzv-id, game, experiment name and seed (a sweep with a fixed id): the first has no
