@@ -1,8 +1,7 @@
-"""The plumbing of the full files, ppo_procgen_full.py and ppg_procgen_full.py, written once: checkpoints and exact
-resume, torchrun, every flag's rule and the one-line errors, the console and its status line, signals and the process's
-settings, the evaluation of a saved agent, the folded rollout, and the compiled stages. Nothing here
-changes what is learned: the algorithm and its options (V-trace, prioritised sampling, RND, PPG's phases) are in each
-full file, which calls these by name (`plumbing.save_checkpoint(...)`). The lean files import nothing from here."""
+"""The full files' plumbing, written once: checkpoints and exact resume, torchrun, the flags' rules and one-line errors,
+the console, signals and process settings, evaluating a saved agent, the folded rollout and the compiled stages. Nothing
+here changes what is learned: the algorithm and its options (V-trace, prioritised sampling, RND, PPG's phases) are in
+each full file, which calls these by name. The lean files import nothing from here."""
 
 import contextlib
 import copy
@@ -99,10 +98,9 @@ class AheadSteps:
 
 
 class RolloutPolicy:
-    """[35] One rollout's policy step: the lean loop's `policy_step` (`--rollout plain`); folded, the test envs' own
-    forward pass follows the training envs', whose games step meanwhile, and starts the test envs' step too
-    (`step_test_envs` waits for it). The noise is drawn ahead a step's draw at a time, as the plain loop draws it (a
-    GPU's generator gives other numbers for one tensor of all the steps); the test envs' from their own generator."""
+    """[35] The rollout's policy step: the lean loop's (`--rollout plain`); folded, the training envs' games step during
+    the test envs' forward pass, which then starts their step (`step_test_envs` waits). The noise is drawn ahead a
+    step's draw at a time, as the plain loop draws it (one tensor of all steps gives other numbers on a GPU)."""
 
     def __init__(self, agent, policy_step, envs, test_envs, test_obs, args, to_device, iteration, log_episodes):
         self.eval_now = args.eval_interval > 0 and iteration % args.eval_interval == 0  # the test envs step now
@@ -212,9 +210,8 @@ def autocast_bf16(module):
 
 
 def agent_options(agent, envs, test_envs, args):
-    """The agent on its device: the weights to start from (`--init-model`); bf16 autocast [31] of the encoders alone
-    (bf16 heads would round logits and values before the ratio); [35] the folded rollout's envs; [30]
-    under torchrun rank 0's weights everywhere, and each process's own actions."""
+    """`--init-model`'s weights; bf16 autocast [31] of the encoders alone (bf16 heads would round logits and values
+    before the ratio); [35] the folded rollout's envs; [30] rank 0's weights everywhere, each process's own actions."""
     if args.init_model is not None:  # e.g. fine-tuning a pretrained agent: its weights, a fresh optimizer
         load_weights(agent, args.init_model, "init-model")
     for name, module in agent.named_children():
@@ -232,10 +229,9 @@ def agent_options(agent, envs, test_envs, args):
 
 # torch.compile [36]: the loop's stages, compiled
 def compiled_stages(stages, optimizers, device, args):
-    """The `stages` as they are, or (`--compile`) each compiled whole but the advantages: the learning rate a device
-    tensor changed in place (`set_lr`), Adam's step counts on a GPU too (capturable), so that the compiled step reads
-    them without recompiling or waiting; draws from torch's own generator (`fallback_random`), as eager runs draw;
-    with CUDA graphs (`reduce-overhead`) each call's outputs copied out of the memory that the next replay reuses."""
+    """The `stages`, or (`--compile`) each compiled but the advantages: the learning rate a device tensor (`set_lr`)
+    and Adam's steps on a GPU too (capturable), read without recompiling or waiting; draws from torch's generator, as
+    eager runs draw; with CUDA graphs each call's outputs copied out of the memory that the next replay reuses."""
     if args.compile == "off":
         return stages
     import torch._inductor.config
@@ -248,9 +244,8 @@ def compiled_stages(stages, optimizers, device, args):
         for state in optimizer.state.values():  # a resumed run's step counts, where capturable Adam keeps them
             if "step" in state:
                 state["step"] = state["step"].to(device if capturable else "cpu", torch.float32)
-        # Adam makes a parameter's state at its first gradient; the compiled step guards on how many there are, so a
-        # head that first learns later (PPG's auxiliary head) would compile it again: every state made now, as Adam
-        # makes it (zeros, step 0), the same numbers
+        # Adam makes a state at a parameter's first gradient and the compiled step guards on their count: a head that
+        # first learns later (PPG's auxiliary one) would compile it again. Every state made now as Adam makes it
         for p in (p for group in optimizer.param_groups for p in group["params"] if p not in optimizer.state):
             step = torch.zeros((), dtype=torch.float32, device=device if capturable else "cpu")
             optimizer.state[p] = {"step": step, "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
@@ -267,8 +262,7 @@ def compiled_stages(stages, optimizers, device, args):
 
         return replay
 
-    # the advantages stay eager: compiled, their loop over the rollout's steps unrolls (84 s of cold compile for 256
-    # steps on a 2-core CPU) for a call made once an iteration that takes about 12 ms there
+    # the advantages stay eager: compiled, their loop unrolls (84 s of cold compile for 256 steps on a 2-core CPU)
     return [stage if stage.__name__ == "compute_gae" else compiled(stage) for stage in stages]
 
 
@@ -283,27 +277,23 @@ def set_lr(optimizer, lr):
 
 # Minibatch gathers [8]: rows of bytes
 def take(x, inds, dim=0):
-    """x[inds] (dim 0) or x[:, inds] (dim 1), the same values: one `index_select` of whole rows of bytes, which on a CPU
-    gathers a minibatch of frames several times faster than advanced indexing (2048 frames: 2.7 ms against 17.6)"""
+    """x[inds] (dim 0) or x[:, inds] (dim 1) by one `index_select` of rows of bytes (2048 frames: 2.7 ms, not 17.6)"""
     rows = x.reshape(*x.shape[: dim + 1], -1).index_select(dim, inds)
     return rows.view(*x.shape[:dim], len(inds), *x.shape[dim + 1 :])
 
 
 # One event per episode [11]
 def write_episode(writer, tag, step, r, l):
-    """An episode's `charts/{tag}episodic_return` and `..._length` in one event: what two `add_scalar` calls log, in
-    half the events. The event writer's thread checksums every event in pure Python and holds the GIL meanwhile: 850
-    episodes took 24.8 ms in place of 61.4 (a 2-core EPYC, medians of 5), and short episodes end by the hundred in
-    an iteration."""
+    """An episode's `charts/{tag}episodic_return` and `..._length` in one event, not two: the writer's thread checksums
+    each in Python, holding the GIL (850 episodes: 24.8 ms, not 61.4, on a 2-core EPYC, medians of 5)."""
     values = [Summary.Value(tag=f"charts/{tag}episodic_{k}", simple_value=v) for k, v in (("return", r), ("length", l))]
     writer.file_writer.add_summary(Summary(value=values), step)
 
 
 # Pinned copies [34]
 class ToDevice:
-    """The envs' numpy arrays as tensors on the device. On CUDA each goes through its own pinned host buffer and an
-    asynchronous copy: the `.cpu()` of the next actions waits for that copy before the envs step and the buffer is
-    written again. Elsewhere the tensor shares the array's memory."""
+    """The envs' arrays on the device: on CUDA through a pinned buffer of its own, copied asynchronously (the next
+    actions' `.cpu()` waits for the copy before the envs write again); elsewhere sharing the array's memory."""
 
     def __init__(self, device):
         self.device, self.pinned = device, {}
@@ -318,21 +308,6 @@ class ToDevice:
 
 
 # torchrun [30]: data parallelism, one flattened all-reduce of the gradients per step, global statistics
-def init_process_group(backend):
-    """Join the process group. Under torchrun the agent's store outlives a restart, keys and all: each round
-    rendezvouses under its own prefix, so a restarted process never dials the address of a dead one."""
-    # torch._dynamo first (Adam imports it): imported after the group is made, it holds references to it, which keep
-    # gloo's threads alive past destroy_process_group; one of them may then abort the process as Python exits
-    import torch._dynamo  # noqa: F401
-
-    env = os.environ
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return dist.init_process_group(backend)
-    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)
-    store = dist.PrefixStore(f"round_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
-    dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]))
-
-
 def all_reduce_grads(params, world_size):
     """Average the gradients over the processes, in one all-reduce of all of them flattened together."""
     if world_size == 1:
@@ -370,10 +345,7 @@ def gather_objects(obj, world_size, everywhere=True):
     if world_size == 1:
         return [obj]
     out = [None] * world_size if everywhere or dist.get_rank() == 0 else None
-    if everywhere:
-        dist.all_gather_object(out, obj)
-    else:
-        dist.gather_object(obj, out, dst=0)
+    dist.all_gather_object(out, obj) if everywhere else dist.gather_object(obj, out, dst=0)
     return out
 
 
@@ -389,18 +361,27 @@ class NullWriter:
 
 
 def join_processes(args, device):
-    """Under torchrun, join the process group (rank 0 alone prints). The run's name, agreed by every process: a new
-    run's directory is its own (`_2`, `_3`, ... where another has the name); a named job's first attempt marks it
-    (`torchrun_job`: the job, rank 0's machine and agent), and a restart of that job alone continues it."""
+    """Under torchrun, join the process group (rank 0 alone prints). The run's name, agreed by all: a new run's own
+    directory (`_2`, ... where taken); a named job's first attempt marks its (`torchrun_job`) for the job's restarts."""
+    env, backend = os.environ, args.backend or ("nccl" if device.type == "cuda" else "gloo")
     if args.world_size > 1:
-        init_process_group(args.backend or ("nccl" if device.type == "cuda" else "gloo"))
+        # torch._dynamo first (Adam imports it): imported after the group is made, it holds references to it, which
+        # keep gloo's threads alive past destroy_process_group; one of them may then abort the process as Python exits
+        import torch._dynamo  # noqa: F401
+
+        if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            dist.init_process_group(backend)
+        else:  # torchrun's agent's store outlives a restart, keys and all: each round under its own prefix, so that
+            store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)  # none dials the dead
+            store = dist.PrefixStore(f"round_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+            dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]))
         if args.rank > 0:  # one process speaks for all
             sys.stdout = open(os.devnull, "w")
-    job = os.environ.get("TORCHELASTIC_RUN_ID", "none")  # torchrun's "none": no --rdzv-id, no --standalone
+    job = env.get("TORCHELASTIC_RUN_ID", "none")  # torchrun's "none": no --rdzv-id, no --standalone
     stamp = job if job != "none" else gather_objects(int(time.time()), args.world_size)[0]  # rank 0's clock
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{stamp}"
     owner = f"{job} {socket.gethostname()} {os.getppid()}\n"  # torchrun's agent, the workers' parent, outlives restarts
-    restarted, found = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0, None
+    restarted, found = int(env.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0, None
     if restarted and args.resume is not None:  # from the newest checkpoint of the run that --resume continued
         ckpt = load_checkpoint(args.resume, "resume")[1]
         found = ckpt.get("run_name", run_name) if isinstance(ckpt, dict) else run_name
@@ -490,6 +471,8 @@ def unplain(value):
 
 
 NOT_WRITTEN = {}  # by run directory, what the run was asked to write and could not: {"checkpoint": path, "model": path}
+LOADED, SKIPPED = {}, set()  # the last checkpoint read (by path, time and size); the unreadable ones a warning named
+HELD = []  # the run directories' lock files that this process holds: closed, and so released, when `train` ends
 
 
 def checkpoints(folder, inside="checkpoints/"):
@@ -520,9 +503,8 @@ def exit_unless_kept(run_dir):
 
 
 def write_whole(run_dir, path, obj):
-    """torch.save `obj` to `path` in `run_dir`: into `path.tmp`, flushed to disk, renamed, so that a kill at any moment
-    leaves the old files whole. A write that fails (a full disk, a quota) leaves nothing and returns the system's
-    reason; None when written. A run directory that is gone is not made again (keeps_process_settings stops the run)."""
+    """torch.save `obj` to `path.tmp`, flushed, renamed to `path`: a kill leaves the old files whole. A failed write (a
+    full disk) leaves nothing and returns the system's reason; a run directory that is gone is not made again."""
     if not os.path.isdir(run_dir):  # removed mid-run
         raise FileNotFoundError(errno.ENOENT, "the run directory is gone", run_dir)
     try:  # buffered, as open's files are, which write a short write's rest or raise with the system's reason (torch
@@ -559,9 +541,6 @@ def save_checkpoint(run_dir, name, state, keep=None, kept=None):
         if not (kept and os.path.exists(kept) and os.path.samefile(old, kept)):
             os.remove(old)
     return path
-
-
-LOADED = {}  # the last checkpoint read, by path, time and size
 
 
 def read_checkpoint(path):
@@ -604,9 +583,6 @@ def load_checkpoint(path, flag):
         arg_error(flag, f"{path}: {why}")
 
 
-SKIPPED = set()  # the unreadable checkpoints of a run directory that a warning named
-
-
 def check_checkpoint(path, ckpt, args, flags, flag):
     """Refuse a checkpoint of the other script, or one whose network or rollout sizes differ, naming what differs."""
     if not isinstance(ckpt, dict) or "args" not in ckpt:
@@ -637,13 +613,9 @@ def resume_checkpoint(args):
     return {**ckpt, "path": path}
 
 
-HELD = []  # the run directories' lock files that this process holds: closed, and so released, when `train` ends
-
-
 def hold_run(run_dir, args):
-    """One run at a time in a run directory: rank 0 holds an flock on `run_dir/lock` while the run lives, and a second
-    run that would write there (the same `--resume` sent twice, a job requeued while its first copy runs) stops in one
-    line. The system releases the lock when its process dies: a crashed run leaves nothing that blocks."""
+    """One run at a time in a run directory: rank 0 holds an flock on `run_dir/lock` (released when its process dies),
+    and a second run there (the same `--resume` twice, a job requeued while it runs) stops in one line."""
     busy = None
     if args.rank == 0:
         f = open(f"{make_dir(run_dir, 'exp-name')}/lock", "a+")
@@ -664,9 +636,8 @@ def hold_run(run_dir, args):
 
 
 def set_aside_newer(ckpt, run_dir):
-    """Rank 0, holding the run: a `*.tmp` that a cut write left goes (a checkpoint's, the model file's); a resume from
-    an older checkpoint than its run's newest moves the newer ones to `checkpoints/abandoned/`: rotation, `--resume
-    RUN_DIR` and torchrun restarts follow the line that goes on from here."""
+    """A `*.tmp` of a cut write goes; a resume from older than its run's newest checkpoint moves the newer ones to
+    `checkpoints/abandoned/`, so that rotation, `--resume RUN_DIR` and torchrun restarts follow this line."""
     for tmp in glob.glob(f"{glob.escape(run_dir)}/checkpoints/*.tmp") + glob.glob(f"{glob.escape(run_dir)}/*.tmp"):
         os.remove(tmp)
     found = checkpoints(run_dir) if ckpt else []
@@ -701,10 +672,8 @@ def load_weights(agent, path, flag):
 
 
 def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args, aux_optimizer=None):
-    """Continue exactly where `ckpt` stopped: the weights, the optimizers (a separate auxiliary one afresh if the
-    checkpoint has none), this process's games and wrappers, random states, the console's averages. Returns this
-    process's part of the checkpoint (its next observations; PPG's phase so far)."""
-
+    """Continue exactly where `ckpt` stopped: the weights, the optimizers (a separate auxiliary one afresh where the
+    checkpoint has none), this process's games, wrappers and random states, the console's averages; its part."""
     agent.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     if aux_optimizer is not None and aux_optimizer is not optimizer and ckpt.get("aux_optimizer") is not None:
@@ -729,8 +698,7 @@ def restore_run(ckpt, agent, optimizer, envs, test_envs, recent, device, args, a
 
 
 def checkpoint_name(iteration, aux_epoch=0):
-    """`iter_N.pt` after iteration N; inside its auxiliary phase `iter_N.auxEEE.pt`, which sorts before `iter_N.pt`
-    and after `iter_N-1.pt`: the names sort in the order a run writes them."""
+    """`iter_N.pt` after iteration N; in its auxiliary phase `iter_N.auxEEE.pt`: the names sort as a run writes them."""
     return f"iter_{iteration:08d}.aux{aux_epoch:03d}.pt" if aux_epoch else f"iter_{iteration:08d}.pt"
 
 
@@ -778,10 +746,9 @@ def cli_defaults(Args, argv):
 
 # The run: what `train` calls at each place in its loop
 class Run:
-    """A full file's run, from its directory to its last checkpoint: torchrun's processes [30], the run's directory
-    (one run at a time in it), the checkpoint that `--resume` names [25], the event writer and the console, the stop
-    signals, and at each iteration's end its logs, the divergence guard [26] and the checkpoints [25]. `complete`: the
-    checkpoint has every iteration already (said on the console; nothing is written)."""
+    """A full file's run, from its directory to its last checkpoint: torchrun's processes [30], its directory (one run
+    at a time), `--resume`'s checkpoint [25], the event writer, the console, the stop signals, and after each iteration
+    the logs, the divergence guard [26] and the checkpoints. `complete`: nothing is left to run (nothing written)."""
 
     def __init__(self, args, given, device):
         self.args, self.given, self.device, self.stop, self.mine = args, given, device, None, None
@@ -804,10 +771,9 @@ class Run:
         signal.signal(signal.SIGINT, lambda *_: sys.exit(f"\n{SCRIPT}.py: stopped; {self.dir} has what finished"))
 
     def event_writer(self):
-        """Rank 0's TensorBoard writer and the console line of what runs where; on a resume, the events after the
-        checkpoint's step (all, for a torchrun job restarted without one) are dropped. A new run's directory has none:
-        its file holds no purge marker, which read after a resume's file (TensorBoard reads them in name order, and
-        within one second `.10` sorts before `.9`) would drop the resume's events."""
+        """Rank 0's TensorBoard writer, dropping the events after a resume's step (all, for a torchrun restart without a
+        checkpoint); a new run's writes no purge marker (read after a resume's, as `.10` sorts before `.9`, it drops
+        the resume's events). Then the console line of what runs where."""
         had_events = glob.glob(f"{glob.escape(self.dir)}/events.out.tfevents.*")
         args, purge_step = self.args, self.ckpt["global_step"] + 1 if self.ckpt else (0 if had_events else None)
         writer = NullWriter()
@@ -826,8 +792,7 @@ class Run:
 
     def resume(self, agent, optimizers, envs, test_envs, recent, writer, *state):
         """Keep what the checkpoints save; with a checkpoint, continue where it stopped (`restore_run`): `state` (the
-        step, next observations and dones, test observations) as it has them; this process's part (PPG's phase so
-        far) in `mine`. Then the stop signals' handler."""
+        step, next observations and dones, test observations) as it has them, this process's part in `mine`."""
         self.agent, self.optimizers, self.envs, self.test_envs = agent, optimizers, envs, test_envs
         self.recent, self.writer, (global_step, next_obs, next_done, test_obs) = recent, writer, state
         if self.ckpt:
@@ -902,8 +867,8 @@ class Run:
             raise SystemExit(3)
 
     def my_part(self, last, **more):
-        """This process's part of a checkpoint: its games and random states, and `last` (its next observations and
-        dones, the test envs' observations), RND's running returns [33], and `more`."""
+        """This process's part of a checkpoint: its games, random states, `last` (the next observations and dones, the
+        test envs' observations), RND's running returns [33] and `more`."""
         (next_obs, next_done, test_obs), rnd = last, getattr(self.agent, "rnd", None)
         return {
             "rng": rng_state(self.device), "envs": env_state(self.envs), "next_obs": next_obs.cpu(),
@@ -917,8 +882,8 @@ class Run:
         return int(rank_reduce([self.stop.signum or 0], self.args.world_size, mean=False)[0])
 
     def write(self, iteration, global_step, mine, aux_epoch=0):
-        """The run's state after `iteration` (and `aux_epoch` auxiliary epochs): the weights, the optimizers and every
-        process's part (`mine`), written by rank 0. Its path; None on the other ranks or where it was not written."""
+        """Rank 0 writes the state after `iteration` (and `aux_epoch`) with every process's part (`mine`): its path, or
+        None (not written, or another rank)."""
         args, optimizers = self.args, self.optimizers
         ranks = gather_objects(mine, args.world_size, everywhere=False)
         if args.rank > 0:
@@ -937,8 +902,7 @@ class Run:
         return path
 
     def exit_if(self, signum, where, path):
-        """Stopped by a signal (STOP_SIGNALS): close the log, say where (`iteration N`, ...) the run stopped and how
-        to resume it, and exit with status 128 + the signal."""
+        """After a stop signal: close the log, say where the run stopped and how to resume, exit with 128 + signal."""
         if signum:
             self.writer.close()
             name = signal.Signals(signum).name
@@ -957,8 +921,8 @@ class Run:
         self.exit_if(signum, f"iteration {iteration}", path)
 
     def close(self, global_step):
-        """[30] Under torchrun, the largest difference between any process's weights and rank 0's (0 when all is
-        well), logged, and the process group left; Ctrl-C: Python's own handler again."""
+        """[30] Under torchrun, log the largest difference of any process's weights from rank 0's (0 when all is well)
+        and leave the process group; Ctrl-C: Python's own handler again."""
         if self.args.world_size > 1:
             flat = torch.cat([p.detach().reshape(-1) for p in self.agent.parameters()])  # channels-last ones too
             reference = flat.clone()
@@ -969,8 +933,7 @@ class Run:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def end(self):
-        """`--save-model`'s file, and [25] what the run was asked to keep: its last checkpoint and its model file, or
-        exit status 4."""
+        """`--save-model`'s file; [25] exit status 4 if the last checkpoint or the model file was not written."""
         if self.args.save_model and self.args.rank == 0:
             save_model(self.agent, f"{self.dir}/{self.args.exp_name}.cleanrl_model")
         exit_unless_kept(self.dir)
@@ -1026,11 +989,9 @@ def removed_run_dir(exc):
 
 
 def keeps_process_settings(train):
-    """The console (the status line's or a silent rank's `sys.stdout`), the stop signals' handlers, torch.distributions'
-    argument checks, torch's CPU threads and threads' exception hook, as they were before `train`; a run directory
-    removed mid-run stops the run in one line, exit status 5. A process started with its standard output closed
-    (`>&-`, as some schedulers start jobs; Python's `sys.stdout` is then None) runs silently: /dev/null takes
-    descriptor 1 before any file the run opens could, where a library's own prints would land."""
+    """`sys.stdout`, the stop signals' handlers, torch.distributions' checks, torch's threads and the threads' exception
+    hook put back after `train`; a run directory removed mid-run stops it in one line (status 5). Started with standard
+    output closed (`>&-`, as some schedulers do), it runs silently: /dev/null takes descriptor 1 before a file could."""
 
     @functools.wraps(train)
     def wrapper(*args, **kwargs):
