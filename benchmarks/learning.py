@@ -23,6 +23,7 @@ import csv
 import gzip
 import importlib
 import io
+import itertools
 import json
 import os
 import re
@@ -488,20 +489,99 @@ def newest_checkpoint(run_dir):
     return found[-1] if found else None
 
 
+# A run's events travel folded: one event per episode made a run's state grow by 0.13 to 0.19 MB packed a million
+# steps, which at 25M steps would leave room for three runs in what a window takes, not four
+HISTORY = "history.npz"  # in a packed run directory, in place of its event files
+HISTORY_EVENTS = "events.out.tfevents.0000000000.history"  # unpacked: its name sorts before the run's own files
+
+
+def fold_events(run_dir):
+    """The run's events as TensorBoard reads them (a resume's purge applied), in arrays: each scalar tag's steps,
+    values and wall times (to the millisecond), as deltas, and the text events whole; None (kept as they are) where
+    the run logged more kinds. Packed, 4.8 times smaller than the event files (starpilot's first 1.26M steps: 34 KB,
+    not 164), in which every event repeats its tag and carries two checksums."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    kinds = acc.Tags()
+    if any(found for kind, found in kinds.items() if kind not in ("scalars", "tensors")):
+        return None
+    series = [acc.Scalars(tag) for tag in kinds["scalars"]]
+    events = [e for one in series for e in one]
+    start = min((e.wall_time for e in events), default=0.0)
+    texts = []  # the hyperparameters' table at each start (TensorBoard's text plugin, as its metadata says)
+    for tag in kinds["tensors"]:
+        metadata = acc.SummaryMetadata(tag).SerializeToString().hex()
+        for e in acc.Tensors(tag):
+            tensor = e.tensor_proto.SerializeToString().hex()
+            texts.append({"tag": tag, "step": e.step, "wall_time": e.wall_time, "tensor": tensor, "metadata": metadata})
+    meta = json.dumps({"tags": kinds["scalars"], "start": start, "texts": texts})
+    return {
+        "meta": np.frombuffer(meta.encode(), dtype=np.uint8),
+        "counts": np.array([len(one) for one in series], dtype=np.int64),
+        "steps": np.diff(np.array([e.step for e in events], dtype=np.int64), prepend=0),
+        "values": np.array([e.value for e in events], dtype=np.float32),
+        "wall_ms": np.diff(np.round([(e.wall_time - start) * 1000 for e in events]).astype(np.int64), prepend=0),
+    }
+
+
+def unfold_events(run_dir):
+    """`run_dir/history.npz` as an event file again (`HISTORY_EVENTS`, read before the run's own files), in the order
+    of their steps and wall times; the values that share both (an episode's return and length) in one event."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    with np.load(run_dir / HISTORY) as folded:
+        meta = json.loads(folded["meta"].tobytes())
+        tags = np.repeat(np.arange(len(meta["tags"])), folded["counts"])
+        steps, values = np.cumsum(folded["steps"]), folded["values"]
+        walls = meta["start"] + np.cumsum(folded["wall_ms"]) / 1000
+    with open(run_dir / HISTORY_EVENTS, "wb") as f:
+        writer = RecordWriter(f)
+        writer.write(Event(wall_time=meta["start"], file_version="brain.Event:2").SerializeToString())
+        for text in meta["texts"]:
+            metadata = SummaryMetadata.FromString(bytes.fromhex(text["metadata"]))
+            value = Summary.Value(
+                tag=text["tag"], metadata=metadata, tensor=TensorProto.FromString(bytes.fromhex(text["tensor"]))
+            )
+            event = Event(wall_time=text["wall_time"], step=text["step"], summary=Summary(value=[value]))
+            writer.write(event.SerializeToString())
+        order = np.lexsort((walls, steps))  # as they were written, each tag's events in their own order
+        for _, group in itertools.groupby(order, key=lambda i: (steps[i], walls[i])):
+            group = list(group)
+            summary = Summary(value=[Summary.Value(tag=meta["tags"][tags[i]], simple_value=values[i]) for i in group])
+            writer.write(
+                Event(wall_time=walls[group[0]], step=int(steps[group[0]]), summary=summary).SerializeToString()
+            )
+    (run_dir / HISTORY).unlink()
+
+
 def pack(work, state, key, part_bytes):
-    """The run's folder (or the compile cache's), with its newest checkpoint alone (none once the run is done),
-    xz-packed into `state` as `key.tar.xz.NNNofMMM`, parts of at most `part_bytes`; the earlier parts go once the new
-    ones are written."""
+    """The run's folder (or the compile cache's), with its newest checkpoint alone (none once the run is done) and its
+    events folded (`fold_events`), xz-packed into `state` as `key.tar.xz.NNNofMMM`, parts of at most `part_bytes`;
+    the earlier parts go once the new ones are written."""
     newest = None if read_status(work / key)["done"] else newest_checkpoint(work / key)
+    folded = {} if key == COMPILE_CACHE else {d: fold_events(d) for d in sorted((work / key).glob("runs/*/"))}
+    folded = {run_dir: arrays for run_dir, arrays in folded.items() if arrays is not None}
 
     def kept(info):
         path = Path(info.name)
         dropped = "checkpoints" in path.parts and info.isfile() and (newest is None or path.name != newest.name)
-        return None if dropped or path.name == "lock" else info
+        events = work / path.parent in folded and (".tfevents." in path.name or path.name == HISTORY)
+        return None if dropped or events or path.name == "lock" else info
 
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:xz") as tar:
         tar.add(work / key, arcname=key, filter=kept)
+        for run_dir, arrays in folded.items():
+            data = io.BytesIO()
+            np.savez(data, **arrays)
+            info = tarfile.TarInfo(str((run_dir / HISTORY).relative_to(work)))
+            info.size, info.mtime = len(data.getvalue()), int(time.time())
+            tar.addfile(info, io.BytesIO(data.getvalue()))
     data = buffer.getvalue()
     temporary = state / f".{key}.new"
     shutil.rmtree(temporary, ignore_errors=True)
@@ -536,6 +616,8 @@ def unpack(state, work):
                 continue
             shutil.rmtree(work / key, ignore_errors=True)
             tar.extractall(work, filter="data")
+        for run_dir in (work / key).glob(f"runs/*/{HISTORY}"):
+            unfold_events(run_dir.parent)
 
 
 class Chunk:

@@ -807,6 +807,67 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
     assert all(p.stat().st_size <= limit for p in (tmp_path / "chunked").iterdir())
 
 
+def test_a_packed_run_s_events_travel_folded_and_read_back_as_they_were(tmp_path, monkeypatch):
+    """`pack` folds a run's event files into arrays (`history.npz`) and `unpack` writes them out again: TensorBoard
+    then reads every scalar at its step with its value, its wall time to the millisecond, the hyperparameters' text,
+    and what a resume's purge dropped stays dropped; a later resume's purge still drops the unfolded events after its
+    step. Values that share a step and a wall time are one event again (an episode's return and length); packed, the
+    folded events take under a third of the event files' bytes (3,000 episodes here)."""
+    import learning
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from torch.utils.tensorboard import SummaryWriter
+
+    def read(run_dir):
+        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+        acc.Reload()
+        scalars = {tag: [(e.step, e.value, e.wall_time) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+        texts = {tag: [(e.step, e.tensor_proto.string_val) for e in acc.Tensors(tag)] for tag in acc.Tags()["tensors"]}
+        return scalars, texts
+
+    def chunk(run_dir, first, last, purge_step=None):  # iterations first..last of 1,000 steps, 300 episodes each
+        writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n|chunk from|{first}|")
+        for iteration in range(first, last + 1):
+            step = 1000 * iteration
+            writer.add_scalar("losses/value_loss", 1 / iteration, step)
+            for n in range(300):  # an episode's return and length in one event, as the full files write them
+                values = [Summary.Value(tag="charts/episodic_return", simple_value=(iteration * 7 + n) % 31),
+                          Summary.Value(tag="charts/episodic_length", simple_value=float(n % 97))]  # fmt: skip
+                writer.file_writer.add_summary(Summary(value=values), step)
+        writer.close()
+
+    key, work, state = "starpilot__ppo_procgen__1", tmp_path / "work", tmp_path / "state"
+    run_dir = work / key / "runs" / "starpilot__ppo_procgen__1__1"
+    chunk(run_dir, 1, 6)
+    time.sleep(1.1)  # the resume's file, named by its second, sorts after the first
+    chunk(run_dir, 5, 10, purge_step=5000)  # resumed from iteration 4: the first chunk's 5 and 6 are dropped
+    (work / key / "campaign.json").write_text(json.dumps({"iteration": 10}))
+    before = read(run_dir)
+    assert [s for s, _, _ in before[0]["losses/value_loss"]] == [1000 * i for i in range(1, 11)]
+    state.mkdir()
+    with monkeypatch.context() as patched:  # the event files as they are, packed
+        patched.setattr(learning, "fold_events", lambda run_dir: None)
+        unfolded = learning.pack(work, state, key, 2**20)
+    assert learning.pack(work, state, key, 2**20) < unfolded / 3
+    with tarfile.open(fileobj=open(next(state.iterdir()), "rb"), mode="r:xz") as tar:
+        names = tar.getnames()
+    assert f"{key}/runs/{run_dir.name}/history.npz" in names and not [n for n in names if "tfevents" in n], names
+    shutil.rmtree(work)  # another machine
+    learning.unpack(state, work)
+    assert sorted(p.name for p in run_dir.iterdir()) == [learning.HISTORY_EVENTS]
+    unfolded_events = list(EventFileLoader(str(run_dir / learning.HISTORY_EVENTS)).Load())
+    assert len(unfolded_events) <= 1 + 2 + 10 * 301  # its version, the texts, each step's loss and episodes (paired)
+    after = read(run_dir)
+    assert after[1] == before[1] and after[0].keys() == before[0].keys()
+    for tag, events in before[0].items():
+        assert [(s, v) for s, v, _ in after[0][tag]] == [(s, v) for s, v, _ in events], tag
+        assert max(abs(a[2] - b[2]) for a, b in zip(after[0][tag], events, strict=True)) <= 0.0005, tag
+    chunk(run_dir, 9, 11, purge_step=9000)  # the next window resumes from iteration 8
+    assert [s for s, _, _ in read(run_dir)[0]["losses/value_loss"]] == [1000 * i for i in range(1, 12)]
+
+
 def test_a_slimmed_procgen_keeps_its_games_frames_and_the_campaign_refuses_the_others(tmp_path, capsys, monkeypatch):
     """slim_procgen.py on a package packed from the procgen installed here: the backgrounds starpilot does not draw
     become 1x1, its frames stay the same bit for bit while a game drawing a replaced folder's change (the check can
