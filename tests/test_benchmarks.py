@@ -833,8 +833,11 @@ def test_a_packed_run_s_events_travel_folded_and_read_back_as_they_were(tmp_path
             step = 1000 * iteration
             writer.add_scalar("losses/value_loss", 1 / iteration, step)
             for n in range(300):  # an episode's return and length in one event, as the full files write them
-                values = [Summary.Value(tag="charts/episodic_return", simple_value=(iteration * 7 + n) % 31),
-                          Summary.Value(tag="charts/episodic_length", simple_value=float(n % 97))]  # fmt: skip
+                r, length = (iteration * 7 + n) % 31, float(n % 97)
+                values = [
+                    Summary.Value(tag=f"charts/episodic_{k}", simple_value=v)
+                    for k, v in (("return", r), ("length", length))
+                ]
                 writer.file_writer.add_summary(Summary(value=values), step)
         writer.close()
 
@@ -866,6 +869,39 @@ def test_a_packed_run_s_events_travel_folded_and_read_back_as_they_were(tmp_path
         assert max(abs(a[2] - b[2]) for a, b in zip(after[0][tag], events, strict=True)) <= 0.0005, tag
     chunk(run_dir, 9, 11, purge_step=9000)  # the next window resumes from iteration 8
     assert [s for s, _, _ in read(run_dir)[0]["losses/value_loss"]] == [1000 * i for i in range(1, 12)]
+
+
+def test_a_window_runs_a_campaign_chunk_and_the_kit_s_tests_at_once_and_leaves_what_comes_back(tmp_path):
+    """`window.sh` rehearsed on the CPU (the kit's quick mode, a plan of two tiny runs): both runs go at once within
+    the budget, the selected test runs beside them, and OUT holds at most 8 files: each run's parts, `window.tgz` with
+    the report and the kit's GPU.md, the two consoles."""
+    flags = smoke_args("ppo_procgen_full")
+    del flags[flags.index("--total-timesteps") : flags.index("--total-timesteps") + 2]  # the plan's total
+    run = {"script": "ppo_procgen_full", "seed": 1, "total_timesteps": 20 * 128, "flags": flags}
+    runs = [{**run, "env_id": game} for game in ("starpilot", "bossfight")]
+    (tmp_path / "plan.json").write_text(json.dumps({"runs": runs}))
+    keys = ["starpilot__ppo_procgen__1", "bossfight__ppo_procgen__1"]
+    where = {name: str(tmp_path / name.lower()) for name in ("STATE", "WORK")} | {"PLAN": str(tmp_path / "plan.json")}
+    window = {
+        "BUDGET": "40",
+        "CAMPAIGN_FLAGS": "--margin 15",
+        "TESTS": "smoke and ppo and cpu and not (full or vtrace or prio or rnd or bf16)",
+        "QUICK": "1",
+    }
+    env = {**os.environ, **where, **window}
+    cmd = ["bash", str(ROOT / "benchmarks" / "window.sh"), str(tmp_path / "out"), *keys]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    out = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(out) <= 8 and {"window.tgz", "campaign_console.txt", "kit_console.txt"} <= set(out), out
+    assert all(any(name.startswith(f"{key}.tar.xz.") for name in out) for key in keys), out
+    console = (tmp_path / "out" / "campaign_console.txt").read_text()
+    assert "this window's runs, up to 2 at once" in console, console
+    with tarfile.open(tmp_path / "out" / "window.tgz") as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    assert re.search(r"\b1 passed", (tmp_path / "back" / "kit" / "GPU.md").read_text())
+    report = (tmp_path / "back" / "report" / "CAMPAIGN.md").read_text()
+    assert all(f"| {key} |" in report for key in keys), report
 
 
 def test_a_slimmed_procgen_keeps_its_games_frames_and_the_campaign_refuses_the_others(tmp_path, capsys, monkeypatch):
