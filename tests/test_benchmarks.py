@@ -877,7 +877,7 @@ def test_a_window_runs_a_campaign_chunk_and_the_kit_s_tests_at_once_and_leaves_w
     the report and the kit's GPU.md, the two consoles."""
     flags = smoke_args("ppo_procgen_full")
     del flags[flags.index("--total-timesteps") : flags.index("--total-timesteps") + 2]  # the plan's total
-    run = {"script": "ppo_procgen_full", "seed": 1, "total_timesteps": 20 * 128, "flags": flags}
+    run = {"script": "ppo_procgen_full", "seed": 1, "total_timesteps": 3 * 128, "flags": flags}
     runs = [{**run, "env_id": game} for game in ("starpilot", "bossfight")]
     (tmp_path / "plan.json").write_text(json.dumps({"runs": runs}))
     keys = ["starpilot__ppo_procgen__1", "bossfight__ppo_procgen__1"]
