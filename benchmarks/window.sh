@@ -19,12 +19,12 @@ cd "$(dirname "$0")/.."
 state=${STATE:-benchmarks/campaign/state}
 kit=""
 if [ -n "${TESTS:-}" ]; then # the kit's test step alone, killed past its own limit
-    python benchmarks/gpu.py ${QUICK:+--quick} --out "$out/kit" --skip "Speed options" "Machine full" \
+    "${PYTHON:-python}" benchmarks/gpu.py ${QUICK:+--quick} --out "$out/kit" --skip "Speed options" "Machine full" \
         --tests "$TESTS" --timeout "${TESTS_TIMEOUT:-240}" >"$out/kit_console.txt" 2>&1 &
     kit=$!
 fi
 status=0
-python benchmarks/learning.py campaign --budget "${BUDGET:-480}" --parallel "$#" --state "$state" \
+"${PYTHON:-python}" benchmarks/learning.py campaign --budget "${BUDGET:-480}" --parallel "$#" --state "$state" \
     --plan "${PLAN:-benchmarks/campaign/plan.json}" ${WORK:+--work "$WORK"} --report "$out/report" \
     ${CAMPAIGN_FLAGS:-} --only "$@" \
     >"$out/campaign_console.txt" 2>&1 || status=$?

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, load_script, outcome, read_scalars, routed, smoke_args
+from conftest import ROOT, load_script, outcome, read_scalars, routed, routing, smoke_args
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -888,7 +888,7 @@ def test_a_window_runs_a_campaign_chunk_and_the_kit_s_tests_at_once_and_leaves_w
         "TESTS": "smoke and ppo and cpu and not (full or vtrace or prio or rnd or bf16)",
         "QUICK": "1",
     }
-    env = {**os.environ, **where, **window}
+    env = {**routing()[0], **where, **window, "PYTHON": sys.executable}  # the runs and the tests: through a fork server
     cmd = ["bash", str(ROOT / "benchmarks" / "window.sh"), str(tmp_path / "out"), *keys]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     out = sorted(p.name for p in (tmp_path / "out").iterdir())
