@@ -18,8 +18,8 @@ shift
 cd "$(dirname "$0")/.."
 state=${STATE:-benchmarks/campaign/state}
 kit=""
-if [ -n "${TESTS:-}" ]; then # the kit's test step alone, killed past its own limit
-    "${PYTHON:-python}" benchmarks/gpu.py ${QUICK:+--quick} --out "$out/kit" --skip "Speed options" "Machine full" \
+if [ -n "${TESTS:-}" ]; then # the kit's test step alone, killed past its own limit, on 2 workers (not one a core)
+    PYTEST_ADDOPTS="${PYTEST_ADDOPTS:--n 2}" "${PYTHON:-python}" benchmarks/gpu.py ${QUICK:+--quick} --out "$out/kit" --skip "Speed options" "Machine full" \
         --tests "$TESTS" --timeout "${TESTS_TIMEOUT:-240}" >"$out/kit_console.txt" 2>&1 &
     kit=$!
 fi
