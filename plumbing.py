@@ -345,7 +345,10 @@ def gather_objects(obj, world_size, everywhere=True):
     if world_size == 1:
         return [obj]
     out = [None] * world_size if everywhere or dist.get_rank() == 0 else None
-    dist.all_gather_object(out, obj) if everywhere else dist.gather_object(obj, out, dst=0)
+    if everywhere:
+        dist.all_gather_object(out, obj)
+    else:
+        dist.gather_object(obj, out, dst=0)
     return out
 
 
@@ -363,16 +366,17 @@ class NullWriter:
 def join_processes(args, device):
     """Under torchrun, join the process group (rank 0 alone prints). The run's name, agreed by all: a new run's own
     directory (`_2`, ... where taken); a named job's first attempt marks its (`torchrun_job`) for the job's restarts."""
-    env, backend = os.environ, args.backend or ("nccl" if device.type == "cuda" else "gloo")
+    env = os.environ
     if args.world_size > 1:
         # torch._dynamo first (Adam imports it): imported after the group is made, it holds references to it, which
         # keep gloo's threads alive past destroy_process_group; one of them may then abort the process as Python exits
         import torch._dynamo  # noqa: F401
 
+        backend = args.backend or ("nccl" if device.type == "cuda" else "gloo")
         if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
             dist.init_process_group(backend)
-        else:  # torchrun's agent's store outlives a restart, keys and all: each round under its own prefix, so that
-            store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)  # none dials the dead
+        else:  # the agent's store outlives a restart, keys and all: each round has its own prefix, not the dead's
+            store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)
             store = dist.PrefixStore(f"round_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
             dist.init_process_group(backend, store=store, rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]))
         if args.rank > 0:  # one process speaks for all

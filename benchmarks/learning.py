@@ -498,7 +498,7 @@ HISTORY_EVENTS = "events.out.tfevents.0000000000.history"  # unpacked: its name 
 def fold_events(run_dir):
     """The run's events as TensorBoard reads them (a resume's purge applied), in arrays: each scalar tag's steps,
     values and wall times (to the millisecond), as deltas, and the text events whole; None (kept as they are) where
-    the run logged more kinds. Packed, 4.8 times smaller than the event files (starpilot's first 1.26M steps: 34 KB,
+    the run logged more kinds. Packed, 4.6 times smaller than the event files (starpilot's first 1.26M steps: 36 KB,
     not 164), in which every event repeats its tag and carries two checksums."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
