@@ -3,6 +3,7 @@ the console, signals and process settings, evaluating a saved agent, the folded 
 here changes what is learned: the algorithm and its options (V-trace, prioritised sampling, RND, PPG's phases) are in
 each full file, which calls these by name. The lean files import nothing from here."""
 
+import ast
 import contextlib
 import copy
 import errno
@@ -10,6 +11,7 @@ import fcntl
 import functools
 import glob
 import importlib.util
+import inspect
 import io
 import itertools
 import os
@@ -20,6 +22,7 @@ import shlex
 import signal
 import socket
 import sys
+import textwrap
 import threading
 import time
 import typing
@@ -69,11 +72,17 @@ RLLTE_ALIASES = {"exp_name": "--tag", "init_model": "--init-model-path", "learni
 
 
 def add_aliases(Args, aliases):
-    """Give each field of `Args` named in `aliases` its other flag, as tyro reads it."""
-    for name, alias in aliases.items():
-        Args.__dataclass_fields__[name].type = Args.__annotations__[name] = typing.Annotated[
-            Args.__annotations__[name], tyro.conf.arg(aliases=(alias,))
-        ]
+    """Give each field of `Args` named in `aliases` its other flag, as tyro reads it, and each its docstring as one
+    paragraph: tyro keeps a docstring's line breaks, which `--help` would show as lines cut short."""
+    fields, docs = [], {}
+    with contextlib.suppress(OSError, TypeError):  # no source to read (a script piped into python): tyro's help
+        fields = ast.parse(textwrap.dedent(inspect.getsource(Args))).body[0].body
+    for field, doc in zip(fields[:-1], fields[1:], strict=True):
+        if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+            docs[field.target.id] = " ".join(doc.value.value.split())
+    for name, field in Args.__dataclass_fields__.items():
+        conf = tyro.conf.arg(aliases=(aliases[name],) if name in aliases else None, help=docs.get(name))
+        field.type = Args.__annotations__[name] = typing.Annotated[Args.__annotations__[name], conf]
 
 
 # The folded rollout [35]: the games step while the policy computes

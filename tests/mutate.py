@@ -305,6 +305,8 @@ MUTANTS = [
     (PLUMBING, "self.seconds[part] = self.seconds.get(part, 0.0) + now - self.last",
      "self.seconds[part] = now - self.last", "full: the perf timers keep the last step's seconds alone",
      (["tests/test_features.py"], "perf_timers")),
+    (PLUMBING, 'docs[field.target.id] = " ".join(doc.value.value.split())', "docs[field.target.id] = doc.value.value",
+     "full: --help shows a docstring's line breaks, lines cut short", (["tests/test_cli.py"], "wraps_each")),
 ]  # fmt: skip
 
 

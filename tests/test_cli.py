@@ -113,6 +113,23 @@ def test_rllte_s_names_set_cleanrl_s_flags(name):
         assert getattr(args, field) == parsed and getattr(args, field) != getattr(script.Args(), field), alias
 
 
+@pytest.mark.parametrize("name", FULL.values())
+def test_help_wraps_each_docstring_as_one_paragraph(monkeypatch, capsys, name):
+    """`--help` of a full file, 100 columns wide: no line of a flag's help ends where the next line's first word would
+    still have fitted, as it did where a docstring's own line ended (tyro keeps its line breaks)."""
+    script = load_script(name)
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit):
+        script.plumbing.parse_args(script.Args, ["--help"])
+    rows = [line.strip("│").rstrip() for line in capsys.readouterr().out.splitlines()]  # boxed on a terminal
+    helps = [row.startswith(" " * 6) and not row.lstrip().startswith("-") for row in rows]  # a flag's help, indented
+    width = max(len(row) for row, help in zip(rows, helps, strict=True) if help)  # the widest line of help
+    assert sum(helps) > 80 and width > 90, rows  # every flag's help, as wide as asked
+    for i in range(len(rows) - 1):
+        if helps[i] and helps[i + 1]:  # a help line, and the next line of the same help
+            assert len(rows[i]) + 1 + len(rows[i + 1].split()[0]) > width, f"cut short:\n{rows[i]}\n{rows[i + 1]}"
+
+
 @pytest.mark.parametrize("name,flags,flag", CASES)
 def test_bad_input_stops_with_one_line(tmp_path, monkeypatch, capsys, name, flags, flag):
     script = load_script(name)
