@@ -884,7 +884,7 @@ class AuxiliaryPhase:
         for name, value in aux_stats.items():
             run.writer.add_scalar(f"losses/aux/{name}", value, global_step)
         losses = "  ".join(f"{name} {value:.4f}" for name, value in aux_stats.items())
-        print(f"phase {iteration // self.args.n_iteration}/{self.args.num_phases}  {losses}", flush=True)
+        plumbing.console(f"phase {iteration // self.args.n_iteration}/{self.args.num_phases}  {losses}")
 
     def my_part(self, filled, last):
         """This process's part of a checkpoint (plumbing.Run.my_part) and the first `filled` rollouts of the phase

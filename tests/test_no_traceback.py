@@ -89,6 +89,21 @@ def test_a_run_whose_console_closes_trains_on(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["ppg_procgen_full"])
+def test_a_console_that_closes_before_the_phase_line_leaves_the_run_to_finish(name, tmp_path):
+    """The reader goes away after the last iteration's line, so that the auxiliary phase's line is the first write
+    that fails: the run still ends as it should (its model written, status 0, nothing on stderr)."""
+    flags = [*smoke_args(name), "--device", "cpu", "--save-model"]
+    proc = subprocess.Popen([*python(), str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    while not proc.stdout.readline().startswith("iter 2/2"):
+        pass
+    proc.stdout.close()
+    assert proc.wait(timeout=300) == 0
+    assert proc.stderr.read() == ""
+    assert (only_run_dir(tmp_path) / f"{name}.cleanrl_model").is_file()
+
+
+@pytest.mark.parametrize("name", ["ppg_procgen_full"])
 def test_a_console_that_fails_to_write_leaves_the_run_training(name, tmp_path):
     """Standard output on a full disk (/dev/full: every write fails with ENOSPC), not a closed pipe: the run trains,
     logs every iteration and exits 0, with nothing on stderr."""
