@@ -494,12 +494,14 @@ def checkpoints(folder, inside="checkpoints/"):
     return sorted(glob.glob(f"{glob.escape(folder)}/{inside}iter_*.pt"))
 
 
-def what_is_kept(run_dir):
-    """The newest checkpoint of the run on disk (each is written whole or not at all) and its iteration, in words."""
+def what_is_kept(run_dir, then=False):
+    """The newest checkpoint of the run on disk (each is written whole or not at all) and its iteration, in words;
+    `then`: and the command that resumes from it, or that the run cannot be resumed."""
     found = checkpoints(run_dir)
     if not found:
-        return "no checkpoint of this run exists yet"
-    return f"the newest checkpoint kept is {found[-1]} (iteration {int(os.path.basename(found[-1])[5:13])})"
+        return "no checkpoint of this run exists yet" + (": the run cannot be resumed" if then else "")
+    resume = f": resume with: python {SCRIPT}.py --resume {shlex.quote(found[-1])}" if then else ""  # a shell's quotes
+    return f"the newest checkpoint kept is {found[-1]} (iteration {int(os.path.basename(found[-1])[5:13])}){resume}"
 
 
 def exit_unless_kept(run_dir):
@@ -507,10 +509,7 @@ def exit_unless_kept(run_dir):
     saying what is on disk: a scheduler or a sweep that reads the status must not take it for a run to resume or use."""
     missed = NOT_WRITTEN.pop(run_dir, {})
     if "checkpoint" in missed:
-        found = [shlex.quote(path) for path in checkpoints(run_dir)]  # as a shell takes them
-        then = f"resume with: python {SCRIPT}.py --resume {found[-1]}" if found else "the run cannot be resumed"
-        kept = what_is_kept(run_dir)
-        say(f"error: the run ended without its last checkpoint, {missed['checkpoint']}; {kept}: {then}")
+        say(f"error: the run ended without its last checkpoint, {missed['checkpoint']}; {what_is_kept(run_dir, True)}")
     if missed:
         raise SystemExit(4)
 
@@ -629,23 +628,25 @@ def resume_checkpoint(args):
 def hold_run(run_dir, args):
     """One run at a time in a run directory: rank 0 holds an flock on `run_dir/lock` (released when its process dies),
     and a second run there (the same `--resume` twice, a job requeued while it runs) stops in one line."""
-    busy = None
+    problem = None  # the flag, and why the run cannot go on here
     if args.rank == 0:
         f = open(f"{make_dir(run_dir, 'exp-name')}/lock", "a+")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            f.truncate(0)
-            f.write(f"{socket.gethostname()} {os.getpid()}\n")
-            f.flush()
             HELD.append(f)
-        except OSError:  # held by another process
+            f.truncate(0)
+            os.write(f.fileno(), f"{socket.gethostname()} {os.getpid()}\n".encode())  # unbuffered: closing cannot fail
+        except BlockingIOError:  # held by another process
             f.seek(0)
-            busy = f.read().strip() or "unknown"
+            holder = f.read().strip() or "unknown"
+            problem = ("resume", f"in use by a run that is still going (machine and process: {holder}); stop it "
+                       "first, or resume a copy of the directory")  # fmt: skip
             f.close()
-    busy = gather_objects(busy, args.world_size)[0]  # every process stops, not rank 0 alone
-    if busy is not None:
-        arg_error("resume", f"{run_dir}: in use by a run that is still going (machine and process: {busy}); "
-                  "stop it first, or resume a copy of the directory")  # fmt: skip
+        except OSError as exc:  # a full disk, a file-size limit: not another run's lock
+            problem = ("exp-name", f"cannot write its lock file: {exc.strerror or exc}")
+    problem = gather_objects(problem, args.world_size)[0]  # every process stops, not rank 0 alone
+    if problem is not None:
+        arg_error(problem[0], f"{run_dir}: {problem[1]}")
 
 
 def set_aside_newer(ckpt, run_dir):
@@ -1034,6 +1035,12 @@ def keeps_process_settings(train):
             say(f"error: {removed_run_dir(exc)} was removed while the run went on, and its logs and checkpoints with "
                 "it; stopped, nothing made again")  # fmt: skip
             raise SystemExit(5) from None
+        except OSError as exc:  # a full disk, a quota, a file-size limit under the logs (the checkpoints say it apart)
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or not HELD:
+                raise
+            run_dir = os.path.dirname(HELD[0].name)  # the run directory's lock, rank 0's
+            say(f"error: {run_dir}: its logs could not be written ({exc.strerror}); {what_is_kept(run_dir, True)}")
+            raise SystemExit(4) from None
         finally:
             threading.excepthook = thread_hook
             NOT_WRITTEN.clear()

@@ -309,6 +309,11 @@ MUTANTS = [
     (PLUMBING, "self.seconds[part] = self.seconds.get(part, 0.0) + now - self.last",
      "self.seconds[part] = now - self.last", "full: the perf timers keep the last step's seconds alone",
      (["tests/test_features.py"], "perf_timers")),
+    (PLUMBING, "        except BlockingIOError:  # held by another process", "        except OSError:",
+     "full: a lock file that a full disk refuses taken for another run's",
+     (["tests/test_no_traceback.py"], "under_the_logs")),
+    (PLUMBING, "if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or not HELD:", "if True:",
+     "full: a full disk under the logs ends in a traceback", (["tests/test_no_traceback.py"], "under_the_logs")),
     (PLUMBING, 'docs[field.target.id] = " ".join(doc.value.value.split())', "docs[field.target.id] = doc.value.value",
      "full: --help shows a docstring's line breaks, lines cut short", (["tests/test_cli.py"], "wraps_each")),
 ]  # fmt: skip

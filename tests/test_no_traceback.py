@@ -92,9 +92,8 @@ def test_a_run_whose_console_closes_trains_on(name, tmp_path):
 def test_a_console_that_closes_before_the_phase_line_leaves_the_run_to_finish(name, tmp_path):
     """The reader goes away after the last iteration's line, so that the auxiliary phase's line is the first write
     that fails: the run still ends as it should (its model written, status 0, nothing on stderr)."""
-    flags = [*smoke_args(name), "--device", "cpu", "--save-model"]
-    proc = subprocess.Popen([*python(), str(ROOT / f"{name}.py"), *flags], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    command = [*python(), str(ROOT / f"{name}.py"), *smoke_args(name), "--device", "cpu", "--save-model"]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     while not proc.stdout.readline().startswith("iter 2/2"):
         pass
     proc.stdout.close()
@@ -120,6 +119,23 @@ def test_apple_s_mps_is_refused_in_one_line(name):
     """float64 rewards fail on MPS at the first step: the flag is refused before anything starts."""
     status, lines = check(load_script(name), ["--device", "mps"])
     assert status == 2 and lines == [f"{name}.py: error: --device mps: must be auto, cpu, cuda or cuda:N (not mps)"]
+
+
+@pytest.mark.parametrize("name,limit", [("ppo_procgen_full", 0), ("ppg_procgen_full", 2_500)])
+def test_a_full_disk_under_the_logs_is_one_line_saying_so(name, limit, tmp_path):
+    """Files limited to `limit` bytes: at 0 the run directory's lock file (the machine and the process) is the first
+    write to fail, before anything starts (status 2, not a run said to be going on there); at 2,500 the TensorBoard
+    events, as the run goes (status 4: the run stopped at its next write, saying what it keeps)."""
+    command = [*python(), str(ROOT / f"{name}.py"), *smoke_args(name), "--device", "cpu"]
+    limited = dict(capture_output=True, text=True, timeout=300, preexec_fn=file_size_limit(limit))
+    proc = subprocess.run(command, cwd=tmp_path, **limited)
+    run_dir = f"runs/{only_run_dir(tmp_path).name}"
+    if limit == 0:  # nothing started
+        status, line = 2, f"--exp-name: {run_dir}: cannot write its lock file: File too large"
+    else:
+        status, line = 4, f"{run_dir}: its logs could not be written (File too large); no checkpoint of this run"
+        line += " exists yet: the run cannot be resumed"
+    assert (proc.returncode, proc.stderr.strip().splitlines()) == (status, [f"{name}.py: error: {line}"]), proc.stderr
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
