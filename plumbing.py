@@ -509,7 +509,8 @@ def exit_unless_kept(run_dir):
     saying what is on disk: a scheduler or a sweep that reads the status must not take it for a run to resume or use."""
     missed = NOT_WRITTEN.pop(run_dir, {})
     if "checkpoint" in missed:
-        say(f"error: the run ended without its last checkpoint, {missed['checkpoint']}; {what_is_kept(run_dir, True)}")
+        kept = what_is_kept(run_dir, then=True)
+        say(f"error: the run ended without its last checkpoint, {missed['checkpoint']}; {kept}")
     if missed:
         raise SystemExit(4)
 
@@ -1035,11 +1036,12 @@ def keeps_process_settings(train):
             say(f"error: {removed_run_dir(exc)} was removed while the run went on, and its logs and checkpoints with "
                 "it; stopped, nothing made again")  # fmt: skip
             raise SystemExit(5) from None
-        except OSError as exc:  # a full disk, a quota, a file-size limit under the logs (the checkpoints say it apart)
+        except OSError as exc:  # a full disk, a quota, a file-size limit under the logs (checkpoint writes: their own)
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or not HELD:
                 raise
             run_dir = os.path.dirname(HELD[0].name)  # the run directory's lock, rank 0's
-            say(f"error: {run_dir}: its logs could not be written ({exc.strerror}); {what_is_kept(run_dir, True)}")
+            kept = what_is_kept(run_dir, then=True)
+            say(f"error: {run_dir}: its logs could not be written ({exc.strerror}); {kept}")
             raise SystemExit(4) from None
         finally:
             threading.excepthook = thread_hook
