@@ -409,9 +409,11 @@ def join_processes(args, device):
         args.resume = f"runs/{found}"
     if args.resume is None and found is None:  # a new run: a directory of its own
         made = make_dir(f"runs/{run_name}", "exp-name", new=True) if args.rank == 0 else None
-        if made is not None and job != "none":
-            with open(f"{made}/torchrun_job", "w") as f:
-                f.write(owner)
+        if made is not None and job != "none":  # the job's mark, by which its restarts find the directory
+            try:
+                Path(made, "torchrun_job").write_text(owner)
+            except OSError as exc:  # a full disk, a file-size limit: one line, as for the directory
+                arg_error("exp-name", f"{made}: cannot write its torchrun_job file: {exc.strerror or exc}")
         run_name = os.path.basename(gather_objects(made, args.world_size)[0])
     return found or run_name
 

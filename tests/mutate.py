@@ -316,6 +316,9 @@ MUTANTS = [
      "full: a full disk under the logs ends in a traceback", (["tests/test_no_traceback.py"], "under_the_logs")),
     (PLUMBING, 'docs[field.target.id] = " ".join(doc.value.value.split())', "docs[field.target.id] = doc.value.value",
      "full: --help shows a docstring's line breaks, lines cut short", (["tests/test_cli.py"], "wraps_each")),
+    (PLUMBING, "except OSError as exc:  # a full disk, a file-size limit: one line, as for the directory",
+     "except FileExistsError as exc:", "full: a torchrun job's mark that a full disk refuses ends in a traceback",
+     (["tests/test_no_traceback.py"], "under_the_logs")),
 ]  # fmt: skip
 
 

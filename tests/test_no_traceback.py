@@ -121,17 +121,23 @@ def test_apple_s_mps_is_refused_in_one_line(name):
     assert status == 2 and lines == [f"{name}.py: error: --device mps: must be auto, cpu, cuda or cuda:N (not mps)"]
 
 
-@pytest.mark.parametrize("name,limit", [("ppo_procgen_full", 0), ("ppg_procgen_full", 2_500)])
-def test_a_full_disk_under_the_logs_is_one_line_saying_so(name, limit, tmp_path):
+@pytest.mark.parametrize(
+    "name,limit,job",
+    [("ppo_procgen_full", 0, None), ("ppg_procgen_full", 0, "job7"), ("ppg_procgen_full", 2_500, None)],
+)
+def test_a_full_disk_under_the_logs_is_one_line_saying_so(name, limit, job, tmp_path):
     """Files limited to `limit` bytes: at 0 the run directory's lock file (the machine and the process) is the first
-    write to fail, before anything starts (status 2, not a run said to be going on there); at 2,500 the TensorBoard
-    events, as the run goes (status 4: the run stopped at its next write, saying what it keeps)."""
+    write to fail, before anything starts (status 2, not a run said to be going on there), or under a named torchrun
+    job the directory's mark of the job, written before it; at 2,500 the TensorBoard events, as the run goes (status
+    4: the run stopped at its next write, saying what it keeps)."""
     command = [*python(), str(ROOT / f"{name}.py"), *smoke_args(name), "--device", "cpu"]
     limited = dict(capture_output=True, text=True, timeout=300, preexec_fn=file_size_limit(limit))
-    proc = subprocess.run(command, cwd=tmp_path, **limited)
+    env = {**os.environ, **({"TORCHELASTIC_RUN_ID": job} if job else {})}  # torchrun's name for the job
+    proc = subprocess.run(command, cwd=tmp_path, env=env, **limited)
     run_dir = f"runs/{only_run_dir(tmp_path).name}"
     if limit == 0:  # nothing started
-        status, line = 2, f"--exp-name: {run_dir}: cannot write its lock file: File too large"
+        written = "torchrun_job file" if job else "lock file"
+        status, line = 2, f"--exp-name: {run_dir}: cannot write its {written}: File too large"
     else:
         status, line = 4, f"{run_dir}: its logs could not be written (File too large); no checkpoint of this run"
         line += " exists yet: the run cannot be resumed"
