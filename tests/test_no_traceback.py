@@ -3,10 +3,12 @@ final model write. Each ends in one line (or quietly), and what was already writ
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 from conftest import (
@@ -174,6 +176,27 @@ def test_a_full_disk_at_the_final_model_write_is_one_line(name, tmp_path):
         "yet: the run cannot be resumed"
     )
     assert not list(run_dir.glob("checkpoints/*"))
+
+
+def test_a_video_that_a_full_disk_refuses_is_a_warning_and_the_run_goes_on(tmp_path):
+    """ffmpeg itself under a file-size limit of 2 KB (the first video is larger): its error is one warning naming the
+    file, no partial video stays, and the run ends as it would have (the video block is one text in both full files).
+    imageio_ffmpeg's writer took such a write for done: a truncated file, said to be written."""
+    with warnings.catch_warnings(action="ignore"):  # gym3's pinned imageio_ffmpeg: pkg_resources is deprecated
+        import imageio_ffmpeg
+
+    limited = tmp_path / "ffmpeg"
+    limited.write_text(f'#!/bin/bash\nulimit -f 2\nexec {shlex.quote(imageio_ffmpeg.get_ffmpeg_exe())} "$@"\n')
+    limited.chmod(0o755)
+    flags = [*smoke_args("ppo_procgen_full"), "--total-timesteps", "512", "--device", "cpu", "--capture-video"]
+    env = {**os.environ, "IMAGEIO_FFMPEG_EXE": str(limited)}  # the ffmpeg that imageio_ffmpeg names
+    command = [*python(), str(ROOT / "ppo_procgen_full.py"), *flags]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    videos, lines = f"videos/{only_run_dir(tmp_path).name}", proc.stderr.splitlines()
+    said = "ppo_procgen_full.py: warning: {0} not written: Error writing trailer of {0}: File too large"
+    expected = [said.format(f"{videos}/episode-{i}.mp4") for i in (0, 1)]
+    assert proc.returncode == 0 and lines and lines == expected[: len(lines)], proc.stderr[-2000:]  # episodes 0, 1
+    assert "video:" not in proc.stdout and not list((tmp_path / "videos").rglob("*.mp4"))
 
 
 @pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
