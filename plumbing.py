@@ -21,6 +21,7 @@ import re
 import shlex
 import signal
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
@@ -995,6 +996,27 @@ def evaluate_saved(args, Agent, make_envs):
     console(f"{path}: episodic return {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} {where} "
             "episodes")  # fmt: skip
     return returns
+
+
+# --capture-video's files
+def write_video(path, frames):
+    """`frames` (RGB arrays) as an mp4 at 15 frames a second, said in a line; where ffmpeg could not finish it (a full
+    disk, a file-size limit), one warning with ffmpeg's reason, no partial file, and the run goes on. ffmpeg is run
+    here, not through imageio_ffmpeg's writer, which takes such a write for done: ffmpeg 4 exits 0 after a failed
+    trailer, so any line it prints at `-v error` is the failure."""
+    with contextlib.redirect_stderr(io.StringIO()):  # gym3's pinned imageio-ffmpeg warns about pkg_resources
+        import imageio_ffmpeg
+    size = f"{frames[0].shape[1]}x{frames[0].shape[0]}"
+    flags = f"-y -v error -f rawvideo -pix_fmt rgb24 -s {size} -r 15 -i - -an -vcodec libx264 -pix_fmt yuv420p -crf 25"
+    ffmpeg = [imageio_ffmpeg.get_ffmpeg_exe(), *flags.split(), path]
+    # restore_signals=False: SIGXFSZ stays ignored, so that a file-size limit fails ffmpeg's write, not kills ffmpeg
+    done = subprocess.run(ffmpeg, input=np.stack(frames).tobytes(), capture_output=True, restore_signals=False)
+    if done.returncode == 0 and not done.stderr:
+        return console(f"video: {path}")
+    why = (done.stderr.decode(errors="replace").strip().splitlines() or [f"ffmpeg's status {done.returncode}"])[-1]
+    say(f"warning: {path} not written: {why}")
+    with contextlib.suppress(OSError):
+        os.remove(path)
 
 
 # Process-wide settings: put back when `train` returns or raises, so that calling it twice starts clean

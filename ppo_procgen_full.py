@@ -25,7 +25,6 @@ import dataclasses
 import io
 import os
 import random
-import subprocess
 import sys
 import time
 from collections import deque
@@ -268,21 +267,7 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
     def record(self, frame, episode_ended):
         """Keep the frames of env 0 and write episodes 0, 1, 8, 27, ... as mp4 files."""
         if episode_ended and round(self.video_episode ** (1 / 3)) ** 3 == self.video_episode:
-            with contextlib.redirect_stderr(io.StringIO()):  # gym3's pinned imageio-ffmpeg warns about pkg_resources
-                import imageio_ffmpeg
-            path, size = f"{self.video_dir}/episode-{self.video_episode}.mp4", f"{frame.shape[1]}x{frame.shape[0]}"
-            # ffmpeg run here, not through imageio_ffmpeg's writer, which takes a failed write (a full disk) for done
-            flags = f"-y -v error -f rawvideo -pix_fmt rgb24 -s {size} -r 15 -i - -an -vcodec libx264 -pix_fmt yuv420p"
-            ffmpeg = [imageio_ffmpeg.get_ffmpeg_exe(), *flags.split(), "-crf", "25", path]
-            frames = np.stack(self.frames).tobytes()  # restore_signals=False: a file-size limit is an error, not a kill
-            done = subprocess.run(ffmpeg, input=frames, capture_output=True, restore_signals=False)
-            if done.returncode == 0 and not done.stderr:  # an error (even a trailer not written) exits 0 in ffmpeg 4
-                plumbing.console(f"video: {path}")
-            else:  # the run goes on; no partial file is left
-                why = (done.stderr.decode(errors="replace").strip().splitlines() or [f"status {done.returncode}"])[-1]
-                plumbing.say(f"warning: {path} not written: {why}")
-                with contextlib.suppress(OSError):
-                    os.remove(path)
+            plumbing.write_video(f"{self.video_dir}/episode-{self.video_episode}.mp4", self.frames)
         if episode_ended:
             self.video_episode, self.frames = self.video_episode + 1, []
         self.frames.append(frame)

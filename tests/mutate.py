@@ -319,11 +319,11 @@ MUTANTS = [
     (PLUMBING, "except OSError as exc:  # a full disk, a file-size limit: one line, as for the directory",
      "except FileExistsError as exc:", "full: a torchrun job's mark that a full disk refuses ends in a traceback",
      (["tests/test_no_traceback.py"], "under_the_logs")),
-    (PPO_FULL, "if done.returncode == 0 and not done.stderr:", "if done.returncode == 0:",
-     "PPO full: a video that a full disk cut short said to be written",
+    (PLUMBING, "if done.returncode == 0 and not done.stderr:", "if done.returncode == 0:",
+     "full: a video that a full disk cut short said to be written",
      (["tests/test_no_traceback.py"], "video_that", "any case")),
-    (PPO_FULL, "capture_output=True, restore_signals=False)", "capture_output=True)",
-     "PPO full: ffmpeg killed by a file-size limit, its reason lost",
+    (PLUMBING, "capture_output=True, restore_signals=False)", "capture_output=True)",
+     "full: ffmpeg killed by a file-size limit, its reason lost",
      (["tests/test_no_traceback.py"], "video_that", "any case")),
 ]  # fmt: skip
 

@@ -316,8 +316,10 @@ def test_train_puts_back_the_process_settings(tmp_path, monkeypatch, name):
         handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
         return sys.stdout, handlers, torch.distributions.Distribution._validate_args, torch.get_num_threads()
 
-    before = settings()
-    threads = ["--torch-threads", str(torch.get_num_threads() + 1)]  # not this process's number
+    # the run's threads not this process's number: one for the run, one more here (the fixture puts them back), as a
+    # run with more threads than a pytest worker's one would share two cores with the other worker's and spin-wait
+    torch.set_num_threads(torch.get_num_threads() + 1)
+    before, threads = settings(), ["--torch-threads", "1"]
     shown, during = [], set()  # what the status line was asked to draw (at most 4 times a second), and the threads
     monkeypatch.setattr(script.plumbing.StatusLine, "show", lambda self, text: shown.append(text) or during.add(
         torch.get_num_threads()))  # fmt: skip

@@ -180,7 +180,7 @@ def test_a_full_disk_at_the_final_model_write_is_one_line(name, tmp_path):
 
 def test_a_video_that_a_full_disk_refuses_is_a_warning_and_the_run_goes_on(tmp_path):
     """ffmpeg itself under a file-size limit of 2 KB (the first video is larger): its error is one warning naming the
-    file, no partial video stays, and the run ends as it would have (the video block is one text in both full files).
+    file, no partial video stays, and the run ends as it would have (both full files write with plumbing.write_video).
     imageio_ffmpeg's writer took such a write for done: a truncated file, said to be written."""
     with warnings.catch_warnings(action="ignore"):  # gym3's pinned imageio_ffmpeg: pkg_resources is deprecated
         import imageio_ffmpeg
