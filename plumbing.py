@@ -1003,7 +1003,7 @@ def write_video(path, frames):
     """`frames` (RGB arrays) as an mp4 at 15 frames a second, said in a line; where ffmpeg could not finish it (a full
     disk, a file-size limit), one warning with ffmpeg's reason, no partial file, and the run goes on. ffmpeg is run
     here, not through imageio_ffmpeg's writer, which takes such a write for done: ffmpeg 4 exits 0 after a failed
-    trailer, so any line it prints at `-v error` is the failure."""
+    trailer, so any line it prints at `-v error` is the failure (its first says why: later ones are what followed)."""
     with contextlib.redirect_stderr(io.StringIO()):  # gym3's pinned imageio-ffmpeg warns about pkg_resources
         import imageio_ffmpeg
     size = f"{frames[0].shape[1]}x{frames[0].shape[0]}"
@@ -1013,7 +1013,7 @@ def write_video(path, frames):
     done = subprocess.run(ffmpeg, input=np.stack(frames).tobytes(), capture_output=True, restore_signals=False)
     if done.returncode == 0 and not done.stderr:
         return console(f"video: {path}")
-    why = (done.stderr.decode(errors="replace").strip().splitlines() or [f"ffmpeg's status {done.returncode}"])[-1]
+    why = (done.stderr.decode(errors="replace").strip().splitlines() or [f"ffmpeg's status {done.returncode}"])[0]
     say(f"warning: {path} not written: {why}")
     with contextlib.suppress(OSError):
         os.remove(path)

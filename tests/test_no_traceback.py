@@ -193,9 +193,14 @@ def test_a_video_that_a_full_disk_refuses_is_a_warning_and_the_run_goes_on(tmp_p
     command = [*python(), str(ROOT / "ppo_procgen_full.py"), *flags]
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     videos, lines = f"videos/{only_run_dir(tmp_path).name}", proc.stderr.splitlines()
-    said = "ppo_procgen_full.py: warning: {0} not written: Error writing trailer of {0}: File too large"
-    expected = [said.format(f"{videos}/episode-{i}.mp4") for i in (0, 1)]
-    assert proc.returncode == 0 and lines and lines == expected[: len(lines)], proc.stderr[-2000:]  # episodes 0, 1
+    said = [f"ppo_procgen_full.py: warning: {videos}/episode-{i}.mp4 not written: " for i in (0, 1)]  # episodes 0, 1
+    assert proc.returncode == 0 and 1 <= len(lines) <= 2, proc.stderr[-2000:]
+    # ffmpeg's own words differ between its versions (4.1, below Python 3.13: "Error writing trailer of ...: File too
+    # large"); the system's reason is in them
+    assert all(
+        line.startswith(start) and "File too large" in line
+        for line, start in zip(lines, said[: len(lines)], strict=True)
+    ), lines
     assert "video:" not in proc.stdout and not list((tmp_path / "videos").rglob("*.mp4"))
 
 
