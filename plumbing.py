@@ -999,21 +999,34 @@ def evaluate_saved(args, Agent, make_envs):
 
 
 # --capture-video's files
+def ffmpeg():
+    """The ffmpeg that writes the videos (IMAGEIO_FFMPEG_EXE, imageio-ffmpeg's own or the system's) and None, or None
+    and why none runs here: checked before a run starts, and again at each video."""
+    with contextlib.redirect_stderr(io.StringIO()):  # gym3's pinned imageio-ffmpeg warns about pkg_resources
+        try:
+            import imageio_ffmpeg
+
+            exe = imageio_ffmpeg.get_ffmpeg_exe()  # it tries the ones it finds, not IMAGEIO_FFMPEG_EXE's: tried here
+            subprocess.run([exe, "-version"], capture_output=True, check=True)
+            return exe, None
+        except (ImportError, RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+            return None, (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
 def write_video(path, frames):
     """`frames` (RGB arrays) as an mp4 at 15 frames a second, said in a line; where ffmpeg could not finish it (a full
     disk, a file-size limit), one warning with ffmpeg's reason, no partial file, and the run goes on. ffmpeg is run
     here, not through imageio_ffmpeg's writer, which takes such a write for done: ffmpeg 4 exits 0 after a failed
     trailer, so any line it prints at `-v error` is the failure (its first says why: later ones are what followed)."""
-    with contextlib.redirect_stderr(io.StringIO()):  # gym3's pinned imageio-ffmpeg warns about pkg_resources
-        import imageio_ffmpeg
+    exe, why = ffmpeg()
     size = f"{frames[0].shape[1]}x{frames[0].shape[0]}"
     flags = f"-y -v error -f rawvideo -pix_fmt rgb24 -s {size} -r 15 -i - -an -vcodec libx264 -pix_fmt yuv420p -crf 25"
-    ffmpeg = [imageio_ffmpeg.get_ffmpeg_exe(), *flags.split(), path]
-    # restore_signals=False: SIGXFSZ stays ignored, so that a file-size limit fails ffmpeg's write, not kills ffmpeg
-    done = subprocess.run(ffmpeg, input=np.stack(frames).tobytes(), capture_output=True, restore_signals=False)
-    if done.returncode == 0 and not done.stderr:
-        return console(f"video: {path}")
-    why = (done.stderr.decode(errors="replace").strip().splitlines() or [f"ffmpeg's status {done.returncode}"])[0]
+    if exe:  # restore_signals=False: SIGXFSZ stays ignored, so a file-size limit fails ffmpeg's write, not kills it
+        command = [exe, *flags.split(), path]
+        done = subprocess.run(command, input=np.stack(frames).tobytes(), capture_output=True, restore_signals=False)
+        if done.returncode == 0 and not done.stderr:
+            return console(f"video: {path}")
+        why = (done.stderr.decode(errors="replace").strip().splitlines() or [f"ffmpeg's status {done.returncode}"])[0]
     say(f"warning: {path} not written: {why}")
     with contextlib.suppress(OSError):
         os.remove(path)
@@ -1197,6 +1210,9 @@ def check_every_flag(args, rules, warnings, check_algorithm, memory_needed) -> N
         arg_error("init-model", "cannot be combined with --resume", args.init_model)
     if args.resume is not None and args.eval_only is not None:
         arg_error("eval-only", "cannot be combined with --resume", args.eval_only)
+    why = args.capture_video and ffmpeg()[1]  # the videos' writer, checked now: not a traceback at the first video
+    if why:
+        arg_error("capture-video", f"writes its videos with ffmpeg, which does not run here: {why}")
     # torchrun [30]: every process owns num_envs / world_size envs and its share of each minibatch
     args.world_size, args.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     shares = {"num_envs": args.num_envs, "num_eval_envs": args.num_eval_envs, "minibatch_size": minibatch_size}

@@ -325,6 +325,12 @@ MUTANTS = [
     (PLUMBING, "capture_output=True, restore_signals=False)", "capture_output=True)",
      "full: ffmpeg killed by a file-size limit, its reason lost",
      (["tests/test_no_traceback.py"], "video_that", "any case")),
+    (PLUMBING, "    if why:\n        arg_error(\"capture-video\"", "    if False:\n        arg_error(\"capture-video\"",
+     "full: --capture-video where no ffmpeg runs starts, a traceback at the first video",
+     (["tests/test_no_traceback.py"], "no_ffmpeg_runs")),
+    (PLUMBING, "    exe, why = ffmpeg()\n", "    exe, why = ffmpeg()[0] or \"ffmpeg\", None\n",
+     "full: ffmpeg gone during a run ends it in a traceback at the next video",
+     (["tests/test_no_traceback.py"], "no_ffmpeg_runs")),
 ]  # fmt: skip
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 import warnings
 
+import numpy as np
 import pytest
 from conftest import (
     ROOT,
@@ -202,6 +203,22 @@ def test_a_video_that_a_full_disk_refuses_is_a_warning_and_the_run_goes_on(tmp_p
         for line, start in zip(lines, said[: len(lines)], strict=True)
     ), lines
     assert "video:" not in proc.stdout and not list((tmp_path / "videos").rglob("*.mp4"))
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_capture_video_where_no_ffmpeg_runs_is_one_line(name, tmp_path, monkeypatch, capsys):
+    """--capture-video where no ffmpeg runs (IMAGEIO_FFMPEG_EXE names a file that is not there, as where the binary is
+    missing): refused before the run in one line naming the flag and why, status 2 (it was a traceback at the first
+    video); and where ffmpeg goes away during a run, a video is one warning, and the run goes on."""
+    script, missing = load_script(name), tmp_path / "ffmpeg"
+    monkeypatch.setenv("IMAGEIO_FFMPEG_EXE", str(missing))
+    why = f"[Errno 2] No such file or directory: '{missing}'"
+    status, lines = check(script, ["--capture-video"])
+    said = f"{name}.py: error: --capture-video: writes its videos with ffmpeg, which does not run here: {why}"
+    assert status == 2 and lines == [said]
+    script.plumbing.write_video(str(tmp_path / "episode-0.mp4"), [np.zeros((64, 64, 3), np.uint8)] * 2)
+    warned = capsys.readouterr().err.splitlines()
+    assert warned == [f"{name}.py: warning: {tmp_path / 'episode-0.mp4'} not written: {why}"]
 
 
 @pytest.mark.parametrize("name", ["ppo_procgen_full", "ppg_procgen_full"])
