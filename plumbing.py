@@ -1163,8 +1163,10 @@ WARNINGS = {  # legal, but almost always a mistake: one line says why, and the r
 
 
 def say(text):
-    """One line on standard error, after the script's name: a warning or an error."""
-    print(f"{SCRIPT}.py: {text}", file=sys.stderr, flush=True)
+    """One line on standard error, after the script's name: a warning or an error. Where standard error cannot be
+    written (a full disk), nothing: the run goes on, and its exit status says how it ended."""
+    with contextlib.suppress(OSError):
+        print(f"{SCRIPT}.py: {text}", file=sys.stderr, flush=True)
 
 
 def arg_error(flag: str, rule: str, value=None):

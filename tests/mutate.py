@@ -331,6 +331,10 @@ MUTANTS = [
     (PLUMBING, "    exe, why = ffmpeg()\n", "    exe, why = ffmpeg()[0] or \"ffmpeg\", None\n",
      "full: ffmpeg gone during a run ends it in a traceback at the next video",
      (["tests/test_no_traceback.py"], "no_ffmpeg_runs")),
+    (PLUMBING, "    with contextlib.suppress(OSError):\n        print(f\"{SCRIPT}.py: {text}\"",
+     "    if True:\n        print(f\"{SCRIPT}.py: {text}\"",
+     "full: a warning or an error that a full stderr refuses ends the run with status 1",
+     (["tests/test_no_traceback.py"], "standard_error")),
 ]  # fmt: skip
 
 

@@ -118,6 +118,18 @@ def test_a_console_that_fails_to_write_leaves_the_run_training(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
+def test_standard_error_that_fails_to_write_changes_no_outcome(name, tmp_path):
+    """Standard error on a full disk too (/dev/full): a warning that cannot be written leaves the run training to its
+    end (status 0, every iteration logged), and a bad flag still exits with status 2, not 1 with a traceback."""
+    command = [*python(), str(ROOT / f"{name}.py"), *smoke_args(name), "--device", "cpu"]
+    with open("/dev/full", "w") as full:
+        warned = subprocess.run([*command, "--learning-rate", "0.05"], cwd=tmp_path, stderr=full, timeout=600)
+        refused = subprocess.run([*command, "--total-timesteps", "1"], cwd=tmp_path, stderr=full, timeout=600)
+    assert (warned.returncode, refused.returncode) == (0, 2)
+    assert len(read_scalars(only_run_dir(tmp_path))["losses/policy_loss"]) == 2  # every iteration logged
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
 def test_apple_s_mps_is_refused_in_one_line(name):
     """float64 rewards fail on MPS at the first step: the flag is refused before anything starts."""
     status, lines = check(load_script(name), ["--device", "mps"])
