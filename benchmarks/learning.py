@@ -225,6 +225,20 @@ between its logged updates.
 | game | algorithm | levels | seeds | last step | ours | reference runs | inside? | points inside | last tenth: ours \
 | last tenth: reference |
 |---|---|---|---|---|---|---|---|---|---|---|"""
+# CleanRL's published returns at 25M steps, easy, 3 seeds each (mean +- std over them): ppo_procgen.py from its
+# docs/rl-algorithms/ppo.md (vwxyzjn/cleanrl at 7a96de2), ppg_procgen.py from docs/rl-algorithms/ppg.md (at f315b7c)
+CLEANRL_25M = {
+    "PPO": {"starpilot": (30.99, 1.96), "bossfight": (8.85, 0.33), "bigfish": (16.46, 2.71)},
+    "PPG": {"starpilot": (34.82, 13.77), "bossfight": (10.78, 1.90), "bigfish": (24.23, 10.73)},
+}
+CLEANRL_INTRO = """CleanRL's published returns at 25M steps (its docs; 3 seeds each, mean +- std), beside ours at the
+step each run reached. The setup differs: CleanRL's scripts train on all levels (`num_levels=0`), so theirs is the
+return on the whole level distribution of a policy that trained on all of it, ours a policy that trained on 200 (its
+test return is on the whole distribution). Only at 25M are the steps the same. Its PPG page gives other runs of its
+PPO beside them: starpilot 32.47 +- 11.21, bossfight 9.63 +- 2.35, bigfish 16.80 +- 9.49.
+
+| game | algorithm | our last step | ours: training levels | ours: test levels | CleanRL at 25M (all levels) |
+|---|---|---|---|---|---|"""
 NORMALISED_INTRO = """Normalised test score (R - R_min) / (R_max - R_min) at the last step, with the Procgen paper's
 easy-mode ranges (jumper and leaper (3, 10); train-procgen's `constants.py` has (1, 10) and (1.5, 10) there, the
 paper's hard-mode values):
@@ -322,6 +336,16 @@ def report(opts):
                 lines[-1] += f"; IQM over {len(scores)} games {iqm:.3f} " + (
                     f"(95% CI {low:.3f} to {high:.3f}, rliable)" if common > 1 else "(one run a game: no interval)"
                 )  # the bootstrap resamples runs within a game: with one, its interval is the point itself
+    ours = {(env_id, label, key): r for env_id, label, key, _, r in rows}  # at the last step: the mean over seeds
+    published = [(g, label) for label, games in CLEANRL_25M.items() for g in games if (g, label, "train") in ours]
+    lines += ["", CLEANRL_INTRO] if published else []
+    for env_id, label in published:
+        train, test = ours[env_id, label, "train"], ours.get((env_id, label, "test"))
+        mean, std = CLEANRL_25M[label][env_id]
+        test = f"{test['ours']:.2f}" if test else "-"
+        lines.append(
+            f"| {env_id} | {label} | {train['last']:,} | {train['ours']:.2f} | {test} | {mean:.2f} +- {std:.2f} |"
+        )
     if baselines:
         lines += ["", "Random policy on the training levels (mean of 500 episodes): "
                   + ", ".join(f"{g} {v[0]:.2f}" for g, v in baselines.items())]  # fmt: skip

@@ -339,6 +339,16 @@ def test_the_aggregate_gives_no_interval_over_one_run_a_game(tmp_path, monkeypat
     assert theirs.startswith("- OpenAI's PPO beside PPO: ") and low < high
 
 
+def test_the_report_sets_cleanrl_s_published_returns_beside_ours(tmp_path, monkeypatch):
+    """Of the five games, bigfish alone has CleanRL's published PPO returns: one row, ours at the last step on both
+    splits (the mean of the episodes so far: 1.5 and 0.5) beside CleanRL's 25M-step figure."""
+    five_game_report(tmp_path, monkeypatch)
+    text = (tmp_path / "out" / "LEARNING.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and " +- " in line]
+    assert rows == ["| bigfish | PPO | 200 | 1.50 | 0.50 | 16.46 +- 2.71 |"]
+    assert "train on all levels (`num_levels=0`)" in text
+
+
 def test_the_learning_chart_gives_every_game_its_own_two_charts(tmp_path, monkeypatch):
     """Five games (two lines of four places): each game's training and test charts stand one over the other in a
     place of their own, the three places left over hidden."""
