@@ -391,7 +391,8 @@ def test_learning_report_from_smoke_runs(tmp_path):
     proc = run_routed(report, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = (tmp_path / "out" / "LEARNING.md").read_text()
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| starpilot")]
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| starpilot")]
+    rows, published = cells[:4], cells[4:]  # the table beside the reference runs, then CleanRL's beside ours
     assert [r[:5] for r in rows] == [
         ["starpilot", algorithm, split, "1", "256"] for split in ("train", "test") for algorithm in ("PPO", "PPG")
     ]
@@ -407,6 +408,10 @@ def test_learning_report_from_smoke_runs(tmp_path):
     assert sorted(curves) == [(a, "1", step) for a in ("PPG", "PPO") for step in ("128", "256")]
     for r in rows:
         assert f"{float(curves[r[1], '1', '256'][r[2]]):.2f}" == r[5]
+    # CleanRL's 25M-step returns beside ours at our last step, both splits: the values of the table above
+    ours = {(r[1], r[2]): r[5] for r in rows}
+    cleanrl = {"PPO": "30.99 +- 1.96", "PPG": "34.82 +- 13.77"}
+    assert published == [["starpilot", a, "256", ours[a, "train"], ours[a, "test"], cleanrl[a]] for a in cleanrl]
 
     # compare: a run against itself differs nowhere; PPO against PPG differs
     ppg_run, ppo_run = sorted((runs / "runs").iterdir())
