@@ -679,7 +679,10 @@ class Chunk:
         cmd = [sys.executable, str(ROOT / f"{run['script']}.py"), *flags, *extra]
         self.log = self.dir / "log.txt"
         with open(self.log, "a") as log:
-            log.write(f"\n# campaign, chunk {self.status['chunks'] + 1}: {' '.join(cmd[1:])}\n")
+            # the command as run from the checkout: no path of the machine travels in the packed log
+            log.write(
+                f"\n# campaign, chunk {self.status['chunks'] + 1}: python {run['script']}.py {' '.join(cmd[2:])}\n"
+            )
         self.offset, self.iterations, self.signalled = self.log.stat().st_size, 0, None
         self.timed, self.at_once = [], 1  # (step, when read) of each iteration; the most runs seen going at once
         print(f"campaign: {key}: " + ("resumes from " + str(ckpt) if ckpt else "starts"), flush=True)

@@ -805,6 +805,12 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
     shutil.rmtree(tmp_path / "chunked_work")  # another machine: the packed parts alone travel
     assert f"{key}: resumes from" in campaign("chunked")
     assert (cache / "fxgraph" / "entry").read_text() == "a compiled stage"
+    # the log travels with the run: each chunk's command as run from a checkout, no path of this machine in it
+    log = (tmp_path / "chunked_work" / key / "log.txt").read_text().splitlines()
+    headers = [line for line in log if line.startswith("# campaign, chunk ")]
+    assert [h.split(":")[0] for h in headers] == ["# campaign, chunk 1", "# campaign, chunk 2"], headers
+    assert all(h.split(": ", 1)[1].startswith("python ppo_procgen_full.py --") for h in headers), headers
+    assert not any(str(ROOT) in h or sys.executable in h for h in headers), headers
     again = campaign("chunked")
     assert "starts" not in again and "resumes" not in again  # done: never again
     campaign("whole")
