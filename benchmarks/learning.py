@@ -822,6 +822,53 @@ def campaign(opts, extra):
         raise SystemExit(f"campaign: runs that failed (their log.txt says why): {', '.join(failed)}")
 
 
+SIDE_BY_SIDE_INTRO = """## Side by side at equal steps
+
+The plan's runs of one game and seed (PPG beside PPO, train-procgen's setup beside the defaults, bf16 beside fp32),
+each read up to the step all of them reached, beside the reference runs there (the report's measures: the mean of the
+last 100 episodes, the share of the logged points inside the reference's range, the last tenth of the steps).
+
+| game, seed | run | to step | training: ours | their range | test: ours | their range | points inside (train / test) \
+| last tenth, training: ours / theirs | last tenth, test: ours / theirs |
+|---|---|---|---|---|---|---|---|---|---|"""
+
+
+def side_by_side(plan, work, reference):
+    """CAMPAIGN.md's lines for the runs of one game and seed that differ in script or setup, each cut at the last step
+    all of them logged (the report sets each beside the reference at its own step, so unequal steps)."""
+    pairs = {}
+    for key, run in plan.items():
+        pairs.setdefault((run["env_id"], run["seed"]), []).append(key)
+    lines = []
+    for (env_id, seed), keys in pairs.items():
+        keys = [k for k in keys if (work / k / "runs").is_dir()]
+        if len(keys) < 2:  # a run alone is not read: its events take seconds to read at millions of steps
+            continue
+        found = [(k, s) for k in keys for seeds in read_runs([work / k]).values() for s in seeds if s["logged"]]
+        if len(found) < 2:
+            continue
+        common = min(s["logged"][-1] for _, s in found)
+        for key, s in found:
+            run = plan[key]
+            name = SCRIPTS.get(run["name"], run["name"]) + ("" if run["group"] == "defaults" else f", {run['group']}")
+            s = {**s, "logged": [step for step in s["logged"] if step <= common]}
+            cells, inside, late = [], [], []
+            for split in ("train", "test"):
+                if not (s[split] and reference.get((env_id, split))):
+                    cells += ["-", "-"]
+                    inside.append("-")
+                    late.append("-")
+                    continue
+                r = against_reference([s], reference[env_id, split], split)
+                lo, hi = np.nanmin(r["ref"]), np.nanmax(r["ref"])
+                cells += [f"{r['ours']:.2f}", f"{lo:.2f} to {hi:.2f}"]
+                inside.append(f"{r['fractions'][0]:.0%}")
+                late.append(f"{r['late_ours']:.2f} / {r['late_ref']:.2f}")
+            lines.append(f"| {env_id}, {seed} | {name} | {common:,} | {' | '.join(cells)} | {' / '.join(inside)} | "
+                         f"{' | '.join(late)} |")  # fmt: skip
+    return ["", SIDE_BY_SIDE_INTRO, *lines] if lines else []
+
+
 def write_campaign_report(opts, plan):
     """CAMPAIGN.md: where each run of the plan stands; and each group's report at the steps its runs reached."""
     opts.report.mkdir(parents=True, exist_ok=True)
@@ -836,6 +883,10 @@ def write_campaign_report(opts, plan):
             f"{run['total_timesteps']:,} | {'yes' if s['done'] else 'no'} | {s['chunks']} | {pace} | "
             f"{'; '.join(s['notes'])} |"
         )
+    try:  # as the reports below: the state is packed already, and a table that fails loses nothing
+        lines += side_by_side(plan, opts.work, read_reference(opts.reference))
+    except (Exception, SystemExit) as exc:
+        print(f"campaign: the runs side by side were not written ({exc})", flush=True)
     (opts.report / "CAMPAIGN.md").write_text("\n".join(lines) + "\n")
     for group in dict.fromkeys(run["group"] for run in plan.values()):
         runs = [opts.work / key for key, run in plan.items() if run["group"] == group and (opts.work / key).exists()]

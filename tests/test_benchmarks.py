@@ -1,5 +1,6 @@
 """The benchmarks run and write well-formed results (their timings are never asserted)."""
 
+import argparse
 import csv
 import gzip
 import json
@@ -766,6 +767,50 @@ def test_a_campaign_s_pace_is_on_the_clock_auxiliary_phases_included(tmp_path, m
     learning.campaign(*learning.parse(["campaign", "--budget", "40", "--margin", "1", "--phase-margin", "1", *folders]))
     status = json.loads((tmp_path / "work" / "starpilot__ppg_procgen__1" / "campaign.json").read_text())
     assert status["step"] >= 20_000 and 540 <= status["speed"]["steps_per_second"] <= 600, status
+
+
+def test_the_campaign_sets_runs_of_one_game_and_seed_side_by_side_at_the_step_both_reached(tmp_path, monkeypatch):
+    """PPO logged to step 1000 and PPG to 600 on starpilot at seed 1: both read up to 600 beside the reference there;
+    the runs without a partner (another seed, another game) are neither shown nor read."""
+    learning = __import__("learning")
+    # PPO: an episode returning k ends at step 100 k, so its curve at 100 k is (k + 1) / 2; PPG's episodes return 5
+    runs = [
+        ("ppo_procgen", "starpilot", 1, 1000, lambda k: k),
+        ("ppg_procgen", "starpilot", 1, 600, lambda k: 5),
+        ("ppo_procgen", "starpilot", 2, 300, lambda k: 1),
+        ("ppo_procgen", "caveflyer", 1, 300, lambda k: 1),
+    ]
+    plan = [
+        {"script": f"{name}_full", "env_id": game, "seed": seed, "total_timesteps": 1000}
+        for name, game, seed, *_ in runs
+    ]
+    (tmp_path / "plan.json").write_text(json.dumps({"runs": plan}))
+    plan = learning.plan_runs(tmp_path / "plan.json")
+    for name, game, seed, last, episode in runs:
+        steps = range(100, last + 1, 100)
+        returns = [(step, float(episode(k))) for k, step in enumerate(steps, 1)]
+        key = f"{game}__{name}__{seed}"
+        write_run(
+            tmp_path / "work" / key / "runs" / f"{key}__1",
+            {"charts/SPS": [(s, 1) for s in steps], "charts/episodic_return": returns},
+        )
+    flat = lambda value: [(0, value), (2000, value)]  # noqa: E731
+    write_reference(tmp_path / "ref.csv.gz", {("starpilot", "train"): [flat(0.0), flat(2.0), flat(4.0)]})
+    read = []
+    monkeypatch.setattr(learning, "read_runs", lambda dirs, real=learning.read_runs: read.extend(dirs) or real(dirs))
+    monkeypatch.setattr(learning, "report", lambda opts: None)  # the groups' reports: tested above
+    opts = argparse.Namespace(
+        report=tmp_path / "out", work=tmp_path / "work", title="t", reference=tmp_path / "ref.csv.gz"
+    )
+    learning.write_campaign_report(opts, plan)
+    rows = [line for line in (tmp_path / "out" / "CAMPAIGN.md").read_text().splitlines() if line.startswith("| star")]
+    rows = [[c.strip() for c in row.split("|")[1:-1]] for row in rows if "_procgen_full" not in row]  # not the plan's
+    # the last tenth of 600 steps is step 600 alone; no test episodes nor test reference: dashes
+    assert rows == [
+        ["starpilot, 1", "PPO", "600", "3.50", "0.00 to 4.00", "-", "-", "100% / -", "3.50 / 2.00", "-"],
+        ["starpilot, 1", "PPG", "600", "5.00", "0.00 to 4.00", "-", "-", "0% / -", "5.00 / 2.00", "-"],
+    ]
+    assert sorted(d.name for d in read) == ["starpilot__ppg_procgen__1", "starpilot__ppo_procgen__1"]
 
 
 def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tmp_path):
