@@ -836,11 +836,11 @@ last 100 episodes, the share of the logged points inside the reference's range, 
 def side_by_side(plan, work, reference):
     """CAMPAIGN.md's lines for the runs of one game and seed that differ in script or setup, each cut at the last step
     all of them logged (the report sets each beside the reference at its own step, so unequal steps)."""
-    pairs = {}
+    by_game_seed = {}
     for key, run in plan.items():
-        pairs.setdefault((run["env_id"], run["seed"]), []).append(key)
+        by_game_seed.setdefault((run["env_id"], run["seed"]), []).append(key)
     lines = []
-    for (env_id, seed), keys in pairs.items():
+    for (env_id, seed), keys in by_game_seed.items():
         keys = [k for k in keys if (work / k / "runs").is_dir()]
         if len(keys) < 2:  # a run alone is not read: its events take seconds to read at millions of steps
             continue
@@ -852,20 +852,18 @@ def side_by_side(plan, work, reference):
             run = plan[key]
             name = SCRIPTS.get(run["name"], run["name"]) + ("" if run["group"] == "defaults" else f", {run['group']}")
             s = {**s, "logged": [step for step in s["logged"] if step <= common]}
-            cells, inside, late = [], [], []
+            cells = {}  # split -> ours, their range, points inside, last tenth
             for split in ("train", "test"):
-                if not (s[split] and reference.get((env_id, split))):
-                    cells += ["-", "-"]
-                    inside.append("-")
-                    late.append("-")
-                    continue
-                r = against_reference([s], reference[env_id, split], split)
-                lo, hi = np.nanmin(r["ref"]), np.nanmax(r["ref"])
-                cells += [f"{r['ours']:.2f}", f"{lo:.2f} to {hi:.2f}"]
-                inside.append(f"{r['fractions'][0]:.0%}")
-                late.append(f"{r['late_ours']:.2f} / {r['late_ref']:.2f}")
-            lines.append(f"| {env_id}, {seed} | {name} | {common:,} | {' | '.join(cells)} | {' / '.join(inside)} | "
-                         f"{' | '.join(late)} |")  # fmt: skip
+                if s[split] and reference.get((env_id, split)):
+                    r = against_reference([s], reference[env_id, split], split)
+                    lo, hi = np.nanmin(r["ref"]), np.nanmax(r["ref"])
+                    late = f"{r['late_ours']:.2f} / {r['late_ref']:.2f}"
+                    cells[split] = (f"{r['ours']:.2f}", f"{lo:.2f} to {hi:.2f}", f"{r['fractions'][0]:.0%}", late)
+            train, test = (cells.get(split, ("-",) * 4) for split in ("train", "test"))
+            lines.append(
+                f"| {env_id}, {seed} | {name} | {common:,} | {train[0]} | {train[1]} | {test[0]} | {test[1]} | "
+                f"{train[2]} / {test[2]} | {train[3]} | {test[3]} |"
+            )
     return ["", SIDE_BY_SIDE_INTRO, *lines] if lines else []
 
 
