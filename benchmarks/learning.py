@@ -460,6 +460,7 @@ def phases(opts):
 PLAN = HERE / "campaign" / "plan.json"
 # a full file's console line after an iteration: the iteration, of how many, the step
 ITERATION_LINE = re.compile(r"^iter (\d+)/(\d+)  step (\d+)  SPS \d+  \([\d.]+s/iter", re.M)
+PHASE_LINE = re.compile(r"^phase \d+/\d+  ", re.M)  # a PPG run's, at its auxiliary phase's end
 # inductor's cache of the runs' compiled stages (and Triton's kernels), packed with the runs: a window on a new machine
 # loads them where it would compile them afresh (one CPU run's first iteration: 42 s cold, 6 s from a cache copied to
 # another folder; 4.6 MB, 0.25 MB packed)
@@ -685,6 +686,7 @@ class Chunk:
             )
         self.offset, self.iterations, self.signalled = self.log.stat().st_size, 0, None
         self.timed, self.at_once = [], 1  # (step, when read) of each iteration; the most runs seen going at once
+        self.phase_ends = []  # when each of its phase lines was read
         print(f"campaign: {key}: " + ("resumes from " + str(ckpt) if ckpt else "starts"), flush=True)
         # a session of its own: a Ctrl-C at the terminal reaches the campaign, which stops each run with a checkpoint
         with open(self.log, "a") as log:
@@ -704,6 +706,12 @@ class Chunk:
             self.iterations += 1
             self.timed.append((int(step), now))
             self.status.update(logged_iteration=int(iteration), iterations=int(iterations), step=int(step))
+        self.phase_ends += [now] * len(PHASE_LINE.findall(text))
+
+    def phase_seconds(self):
+        """A PPG run's last whole phase on the clock, its policy iterations and auxiliary epochs (0 before two phase
+        ends in this chunk): how long before the budget's end it must be asked to stop to reach its phase's end."""
+        return self.phase_ends[-1] - self.phase_ends[-2] if len(self.phase_ends) > 1 else 0.0
 
     def speed(self):
         """The chunk's steps per second on the clock, from its first iteration's end (the first compiles) to its last's:
@@ -792,7 +800,9 @@ def campaign(opts, extra):
             for chunk in live:
                 chunk.read()
                 chunk.at_once = max(chunk.at_once, len(live))
-                if stopping or left < margin[chunk.key] or 0 < opts.chunk_iterations <= chunk.iterations:
+                # PPG: `--phase-margin`, or its last phase where longer (a CPU's: 20 minutes or more)
+                ahead = max(margin[chunk.key], opts.margin + chunk.phase_seconds())
+                if stopping or left < ahead or 0 < opts.chunk_iterations <= chunk.iterations:
                     chunk.signal(signal.SIGTERM)  # finish the iteration, write a checkpoint, exit
                 if left < opts.margin / 3:
                     chunk.signal(signal.SIGKILL)  # too late for its checkpoint: the next chunk goes on from the last
@@ -867,6 +877,22 @@ def side_by_side(plan, work, reference):
     return ["", SIDE_BY_SIDE_INTRO, *lines] if lines else []
 
 
+def phases_beside_ppo(opts, plan):
+    """Each PPG run of the plan phase by phase (`phases`), beside the PPO run of its game, seed and group where the
+    plan has one: `phases/KEY.md` in the report's folder."""
+    same = lambda run: (run["env_id"], run["seed"], run["group"])  # noqa: E731
+    for key, run in plan.items():
+        ppg = sorted((opts.work / key).glob("runs/*/"))
+        if not run["script"].startswith("ppg") or not ppg:
+            continue
+        partners = [k for k, r in plan.items() if r["script"].startswith("ppo") and same(r) == same(run)]
+        ppo = [d for k in partners for d in sorted((opts.work / k).glob("runs/*/"))]
+        (opts.report / "phases").mkdir(exist_ok=True)
+        title = f"{opts.title}; {key}" + (f" beside {ppo[-1].parent.parent.name}" if ppo else "")
+        out, ppo = opts.report / "phases" / f"{key}.md", ppo[-1] if ppo else None
+        phases(argparse.Namespace(ppg=ppg[-1], ppo=ppo, title=title, reference=opts.reference, window=4, out=out))
+
+
 def write_campaign_report(opts, plan):
     """CAMPAIGN.md: where each run of the plan stands; and each group's report at the steps its runs reached."""
     opts.report.mkdir(parents=True, exist_ok=True)
@@ -886,6 +912,10 @@ def write_campaign_report(opts, plan):
     except (Exception, SystemExit) as exc:
         print(f"campaign: the runs side by side were not written ({exc})", flush=True)
     (opts.report / "CAMPAIGN.md").write_text("\n".join(lines) + "\n")
+    try:
+        phases_beside_ppo(opts, plan)
+    except (Exception, SystemExit) as exc:
+        print(f"campaign: the PPG runs' phases were not written ({exc})", flush=True)
     for group in dict.fromkeys(run["group"] for run in plan.values()):
         runs = [opts.work / key for key, run in plan.items() if run["group"] == group and (opts.work / key).exists()]
         if not runs:
@@ -967,7 +997,8 @@ def parse(argv):
         "--phase-margin",
         type=float,
         default=150,
-        help="seconds added to --margin for a PPG run, which stops at its phase's end (its auxiliary epochs included)",
+        help="seconds added to --margin for a PPG run, which stops at its phase's end (its auxiliary epochs included); "
+        "its last whole phase's seconds where longer",
     )
     p_campaign.add_argument(
         "--checkpoint-interval",

@@ -641,6 +641,9 @@ def test_compiled_runs_keep_their_stages_in_the_campaign_s_cache(tmp_path, monke
         def read(self):
             pass
 
+        def phase_seconds(self):
+            return 0.0
+
         def close(self):
             return False
 
@@ -738,17 +741,12 @@ def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, mo
     assert "not started, too little time left: starpilot__ppg_procgen__1" in capsys.readouterr().out
 
 
-def test_a_campaign_s_pace_is_on_the_clock_auxiliary_phases_included(tmp_path, monkeypatch):
-    """A run's pace in campaign.json is its steps over the clock's seconds from its first iteration's end to its last's:
-    a stand-in PPG run logs iterations of 1 s (its console's s/iter) of 1,000 steps, with 3 s of auxiliary phase after
-    every fourth, so 4,000 steps in 7 s: about 571 steps/s, where the iterations' own seconds said 1,000 (the pace
-    before 2026-11-28, which would have planned PPG's windows at PPO's pace)."""
-    import learning
+def ppg_on_the_clock(clock, stopped):
+    """A stand-in PPG run's process on the campaign's `clock`: iterations of 1 s (its console's s/iter) of 1,000 steps,
+    with 3 s of auxiliary phase after every fourth, which logs its phase line at its end; asked to stop, it ends as a
+    stopped run ends, and `stopped` gets the clock then."""
 
-    plan = [{"script": "ppg_procgen_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}]
-    clock = [1000.0]
-
-    class Process:  # logs an iteration at each of its ends on the clock, until asked to stop
+    class Process:
         def __init__(self, cmd, cwd, **kwargs):
             self.log, self.start, self.logged, self.returncode = os.path.join(cwd, "log.txt"), clock[0], 0, None
 
@@ -758,15 +756,50 @@ def test_a_campaign_s_pace_is_on_the_clock_auxiliary_phases_included(tmp_path, m
                 with open(self.log, "a") as f:
                     f.write(f"iter {k}/1000  step {1000 * k}  SPS 1000  (1.0s/iter, 9.9 min left)  return 0.00\n")
                 self.logged = k = k + 1
+            phases = (clock[0] - self.start) // 7  # each phase's line, at its auxiliary epochs' end
+            while self.returncode is None and self.phases < phases:
+                self.phases += 1
+                with open(self.log, "a") as f:
+                    f.write(f"phase {self.phases}/250  kl_loss 0.001\n")
             return self.returncode
 
+        phases = 0
+
         def send_signal(self, signum):
+            stopped["at"] = clock[0]
             self.returncode = 128 + signum
 
-    folders = campaign_stood_in(monkeypatch, tmp_path, plan, Process, clock)
+    return Process
+
+
+def test_a_campaign_s_pace_is_on_the_clock_auxiliary_phases_included(tmp_path, monkeypatch):
+    """A run's pace in campaign.json is its steps over the clock's seconds from its first iteration's end to its last's:
+    a stand-in PPG run logs 4,000 steps in 7 s (4 iterations and an auxiliary phase): about 571 steps/s, where the
+    iterations' own seconds said 1,000 (the pace before 2026-11-28, which would have planned PPG's windows at PPO's
+    pace)."""
+    import learning
+
+    plan = [{"script": "ppg_procgen_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}]
+    clock = [1000.0]
+    folders = campaign_stood_in(monkeypatch, tmp_path, plan, ppg_on_the_clock(clock, {}), clock)
     learning.campaign(*learning.parse(["campaign", "--budget", "40", "--margin", "1", "--phase-margin", "1", *folders]))
     status = json.loads((tmp_path / "work" / "starpilot__ppg_procgen__1" / "campaign.json").read_text())
-    assert status["step"] >= 20_000 and 540 <= status["speed"]["steps_per_second"] <= 600, status
+    assert status["step"] >= 16_000 and 540 <= status["speed"]["steps_per_second"] <= 600, status
+
+
+def test_a_campaign_asks_ppg_to_stop_a_whole_phase_before_the_end_where_a_phase_outlasts_the_phase_margin(
+    tmp_path, monkeypatch
+):
+    """A PPG run asked to stop goes on to its phase's end: asked `--phase-margin` seconds ahead where its phases are
+    longer (a CPU's take 20 minutes or more), it reaches none in time, is killed, and the chunk's phases since its last
+    checkpoint are lost. Its phases of 7 s on the clock: asked 1 + 7 s before the budget's end, not 1 + 1."""
+    import learning
+
+    plan = [{"script": "ppg_procgen_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}]
+    clock, stopped = [1000.0], {}
+    folders = campaign_stood_in(monkeypatch, tmp_path, plan, ppg_on_the_clock(clock, stopped), clock)
+    learning.campaign(*learning.parse(["campaign", "--budget", "40", "--margin", "1", "--phase-margin", "1", *folders]))
+    assert 7.9 <= 1040 - stopped["at"] <= 8.0, stopped
 
 
 def test_the_campaign_sets_runs_of_one_game_and_seed_side_by_side_at_the_step_both_reached(tmp_path, monkeypatch):
@@ -811,6 +844,46 @@ def test_the_campaign_sets_runs_of_one_game_and_seed_side_by_side_at_the_step_bo
         ["starpilot, 1", "PPG", "600", "5.00", "0.00 to 4.00", "-", "-", "0% / -", "5.00 / 2.00", "-"],
     ]
     assert sorted(d.name for d in read) == ["starpilot__ppg_procgen__1", "starpilot__ppo_procgen__1"]
+
+
+def test_the_campaign_sets_each_ppg_run_phase_by_phase_beside_the_ppo_run_of_its_game_and_seed(tmp_path, monkeypatch):
+    """Each PPG run with events gets `phases/KEY.md`: beside the PPO run of its game, seed and group (not another
+    seed's), or alone; a PPO run gets none."""
+    learning = __import__("learning")
+    runs = [
+        ("ppg_procgen", "starpilot", 1),
+        ("ppo_procgen", "starpilot", 2),
+        ("ppo_procgen", "starpilot", 1),
+        ("ppg_procgen", "bigfish", 1),
+        ("ppo_procgen", "bossfight", 1),
+    ]
+    plan = [
+        {"script": f"{name}_full", "env_id": game, "seed": seed, "total_timesteps": 1000} for name, game, seed in runs
+    ]
+    (tmp_path / "plan.json").write_text(json.dumps({"runs": plan}))
+    plan = learning.plan_runs(tmp_path / "plan.json")
+    for name, game, seed in runs:  # PPG's phases end at 200 and 400; each PPO run's episodes return its seed
+        key, steps = f"{game}__{name}__{seed}", range(100, 401, 100)
+        events = {"charts/SPS": [(s, 1) for s in steps], "charts/episodic_return": [(s, float(seed)) for s in steps]}
+        for loss in ("kl_loss", "aux_value_loss", "real_value_loss") if name == "ppg_procgen" else ():
+            events[f"losses/aux/{loss}"] = [(200, 0.5), (400, 0.25)]
+        write_run(tmp_path / "work" / key / "runs" / f"{key}__1", events)
+    write_reference(tmp_path / "ref.csv.gz", {("starpilot", "train"): [[(0, 0.0), (2000, 0.0)]] * 3})
+    monkeypatch.setattr(learning, "report", lambda opts: None)  # the groups' reports: tested above
+    opts = argparse.Namespace(
+        report=tmp_path / "out", work=tmp_path / "work", title="t", reference=tmp_path / "ref.csv.gz"
+    )
+    learning.write_campaign_report(opts, plan)
+    assert sorted(p.name for p in (tmp_path / "out" / "phases").iterdir()) == [
+        "bigfish__ppg_procgen__1.md",
+        "starpilot__ppg_procgen__1.md",
+    ]
+    text = (tmp_path / "out" / "phases" / "starpilot__ppg_procgen__1.md").read_text()
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| 2 | 400 ")]
+    assert "- PPO: `starpilot__ppo_procgen__1__1`" in text  # seed 1's, not seed 2's
+    # phase 2: its real_value_loss; the last 100 episodes' means, PPG's and PPO's (seed 1's); the reference's range
+    assert rows[0][4:5] + rows[0][-3:] == ["0.2500", "1.00", "1.00", "0.00 to 0.00"], rows
+    assert "- PPO: none given" in (tmp_path / "out" / "phases" / "bigfish__ppg_procgen__1.md").read_text()
 
 
 def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tmp_path):
