@@ -686,7 +686,7 @@ class Chunk:
             )
         self.offset, self.iterations, self.signalled = self.log.stat().st_size, 0, None
         self.timed, self.at_once = [], 1  # (step, when read) of each iteration; the most runs seen going at once
-        self.phase_ends = []  # when each of its phase lines was read
+        self.phase_ends = [time.time()]  # its start (at a phase's start: resumed at a phase's end), each phase line's
         print(f"campaign: {key}: " + ("resumes from " + str(ckpt) if ckpt else "starts"), flush=True)
         # a session of its own: a Ctrl-C at the terminal reaches the campaign, which stops each run with a checkpoint
         with open(self.log, "a") as log:
@@ -709,8 +709,9 @@ class Chunk:
         self.phase_ends += [now] * len(PHASE_LINE.findall(text))
 
     def phase_seconds(self):
-        """A PPG run's last whole phase on the clock, its policy iterations and auxiliary epochs (0 before two phase
-        ends in this chunk): how long before the budget's end it must be asked to stop to reach its phase's end."""
+        """A PPG run's last whole phase on the clock, its policy iterations and auxiliary epochs (the first with the
+        run's start and compiling; 0 before its end): how long before the budget's end it must be asked to stop to
+        reach its phase's end."""
         return self.phase_ends[-1] - self.phase_ends[-2] if len(self.phase_ends) > 1 else 0.0
 
     def speed(self):
