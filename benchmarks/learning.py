@@ -706,7 +706,10 @@ class Chunk:
             self.iterations += 1
             self.timed.append((int(step), now))
             self.status.update(logged_iteration=int(iteration), iterations=int(iterations), step=int(step))
-        self.phase_ends += [now] * len(PHASE_LINE.findall(text))
+        phases = len(PHASE_LINE.findall(text))
+        self.phase_ends += [now] * phases
+        if phases and self.timed:  # a PPG chunk's pace runs to its last auxiliary phase's end, which ends it
+            self.timed.append((self.timed[-1][0], now))
 
     def phase_seconds(self):
         """A PPG run's last whole phase on the clock, its policy iterations and auxiliary epochs (the first with the

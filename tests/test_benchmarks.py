@@ -743,8 +743,9 @@ def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, mo
 
 def ppg_on_the_clock(clock, stopped):
     """A stand-in PPG run's process on the campaign's `clock`: iterations of 1 s (its console's s/iter) of 1,000 steps,
-    with 3 s of auxiliary phase after every fourth, which logs its phase line at its end; asked to stop, it ends as a
-    stopped run ends, and `stopped` gets the clock then."""
+    with 3 s of auxiliary phase after every fourth, which logs its phase line at its end; asked to stop, it goes on to
+    its phase's end and ends there as a stopped run ends (`--stop-at-phase-end`); `stopped` gets the clock when it was
+    asked."""
 
     class Process:
         def __init__(self, cmd, cwd, **kwargs):
@@ -755,28 +756,29 @@ def ppg_on_the_clock(clock, stopped):
             while self.returncode is None and self.start + k + 3 * ((k - 1) // 4) <= clock[0]:
                 with open(self.log, "a") as f:
                     f.write(f"iter {k}/1000  step {1000 * k}  SPS 1000  (1.0s/iter, 9.9 min left)  return 0.00\n")
-                self.logged = k = k + 1
+                self.logged, k = k, k + 1
             phases = (clock[0] - self.start) // 7  # each phase's line, at its auxiliary epochs' end
             while self.returncode is None and self.phases < phases:
                 self.phases += 1
                 with open(self.log, "a") as f:
                     f.write(f"phase {self.phases}/250  kl_loss 0.001\n")
+                self.returncode = 128 + self.signum if self.signum else None
             return self.returncode
 
-        phases = 0
+        phases, signum = 0, None
 
         def send_signal(self, signum):
-            stopped["at"] = clock[0]
-            self.returncode = 128 + signum
+            stopped["at"], self.signum = clock[0], signum
 
     return Process
 
 
 def test_a_campaign_s_pace_is_on_the_clock_auxiliary_phases_included(tmp_path, monkeypatch):
-    """A run's pace in campaign.json is its steps over the clock's seconds from its first iteration's end to its last's:
-    a stand-in PPG run logs 4,000 steps in 7 s (4 iterations and an auxiliary phase): about 571 steps/s, where the
+    """A run's pace in campaign.json is its steps over the clock's seconds from its first iteration's end to its last's,
+    or to its last auxiliary phase's end: a stand-in PPG run logs 4,000 steps in 7 s (4 iterations and an auxiliary
+    phase), stopped at a phase's end: about 571 steps/s over its 5 phases (19,000 steps in 34 s: 559), where the
     iterations' own seconds said 1,000 (the pace before 2026-11-28, which would have planned PPG's windows at PPO's
-    pace)."""
+    pace) and its iterations' ends alone 19,000 steps in 31 s (about 610: the pace before 2026-11-29)."""
     import learning
 
     plan = [{"script": "ppg_procgen_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}]
@@ -784,7 +786,7 @@ def test_a_campaign_s_pace_is_on_the_clock_auxiliary_phases_included(tmp_path, m
     folders = campaign_stood_in(monkeypatch, tmp_path, plan, ppg_on_the_clock(clock, {}), clock)
     learning.campaign(*learning.parse(["campaign", "--budget", "40", "--margin", "1", "--phase-margin", "1", *folders]))
     status = json.loads((tmp_path / "work" / "starpilot__ppg_procgen__1" / "campaign.json").read_text())
-    assert status["step"] >= 16_000 and 540 <= status["speed"]["steps_per_second"] <= 600, status
+    assert status["step"] == 20_000 and 550 <= status["speed"]["steps_per_second"] <= 570, status
 
 
 @pytest.mark.parametrize("budget", [40, 20])
