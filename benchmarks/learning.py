@@ -718,9 +718,10 @@ class Chunk:
         return self.phase_ends[-1] - self.phase_ends[-2] if len(self.phase_ends) > 1 else 0.0
 
     def speed(self):
-        """The chunk's steps per second on the clock, from its first iteration's end (the first compiles) to its last's:
-        PPG's auxiliary phases and the checkpoints in it, which an iteration's own seconds leave out (the console's
-        s/iter is the policy iteration's); None with fewer than two iterations."""
+        """The chunk's steps per second on the clock, from its first iteration's end (the first compiles) to its last's,
+        or to its last auxiliary phase's end after it: PPG's auxiliary phases and the checkpoints in it, which an
+        iteration's own seconds leave out (the console's s/iter is the policy iteration's); None with fewer than two
+        iterations."""
         if len(self.timed) < 2 or self.timed[-1][1] <= self.timed[0][1]:
             return None
         (first, start), (last, end) = self.timed[0], self.timed[-1]
@@ -804,7 +805,7 @@ def campaign(opts, extra):
             for chunk in live:
                 chunk.read()
                 chunk.at_once = max(chunk.at_once, len(live))
-                # PPG: `--phase-margin`, or its last phase where longer (a CPU's: 20 minutes or more)
+                # PPG: `--phase-margin`, or its last phase where longer (a 2-core CPU's: about 110 minutes)
                 ahead = max(margin[chunk.key], opts.margin + chunk.phase_seconds())
                 if stopping or left < ahead or 0 < opts.chunk_iterations <= chunk.iterations:
                     chunk.signal(signal.SIGTERM)  # finish the iteration, write a checkpoint, exit
