@@ -748,6 +748,8 @@ def ppg_on_the_clock(clock, stopped):
     asked."""
 
     class Process:
+        phases, signum = 0, None  # the phase lines logged; the signal it was asked to stop with
+
         def __init__(self, cmd, cwd, **kwargs):
             self.log, self.start, self.logged, self.returncode = os.path.join(cwd, "log.txt"), clock[0], 0, None
 
@@ -764,8 +766,6 @@ def ppg_on_the_clock(clock, stopped):
                     f.write(f"phase {self.phases}/250  kl_loss 0.001\n")
                 self.returncode = 128 + self.signum if self.signum else None
             return self.returncode
-
-        phases, signum = 0, None
 
         def send_signal(self, signum):
             stopped["at"], self.signum = clock[0], signum
@@ -794,8 +794,8 @@ def test_a_campaign_asks_ppg_to_stop_a_whole_phase_before_the_end_where_a_phase_
     budget, tmp_path, monkeypatch
 ):
     """A PPG run asked to stop goes on to its phase's end: asked `--phase-margin` seconds ahead where its phases are
-    longer (a CPU's take an hour or more), it reaches none in time, is killed, and the chunk's phases since its last
-    checkpoint are lost. Its phases of 7 s on the clock: asked 1 + 7 s before the budget's end, not 1 + 1, from its
+    longer (a 2-core CPU's: about 110 minutes), it reaches none in time, is killed, and the chunk's phases since its
+    last checkpoint are lost. Its phases of 7 s on the clock: asked 1 + 7 s before the budget's end, not 1 + 1, from its
     first phase's end on (a budget of 20 s: asked in its second phase, which a measure from two phase ends would see
     end first)."""
     import learning
