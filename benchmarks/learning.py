@@ -837,48 +837,82 @@ def campaign(opts, extra):
         raise SystemExit(f"campaign: runs that failed (their log.txt says why): {', '.join(failed)}")
 
 
+EACH_RUN_INTRO = """## Each run at the step it reached
+
+Every run of the plan that has logged, at its own last step, beside the reference runs there (the report's measures:
+the mean of the last 100 episodes, the share of the logged points inside the reference's range, the last tenth of the
+steps; the normalised test score with the Procgen paper's easy ranges, ours and the reference runs' mean).
+
+| run | step reached | training: ours | their range | test: ours | their range | points inside (train / test) \
+| last tenth, training: ours / theirs | last tenth, test: ours / theirs | normalised test score: ours / theirs |
+|---|---|---|---|---|---|---|---|---|---|"""
 SIDE_BY_SIDE_INTRO = """## Side by side at equal steps
 
 The plan's runs of one game and seed (PPG beside PPO, train-procgen's setup beside the defaults, bf16 beside fp32),
-each read up to the step all of them reached, beside the reference runs there (the report's measures: the mean of the
-last 100 episodes, the share of the logged points inside the reference's range, the last tenth of the steps).
+each read up to the step all of them reached, beside the reference runs there (the measures above).
 
 | game, seed | run | to step | training: ours | their range | test: ours | their range | points inside (train / test) \
-| last tenth, training: ours / theirs | last tenth, test: ours / theirs |
-|---|---|---|---|---|---|---|---|---|---|"""
+| last tenth, training: ours / theirs | last tenth, test: ours / theirs | normalised test score: ours / theirs |
+|---|---|---|---|---|---|---|---|---|---|---|"""
 
 
-def side_by_side(plan, work, reference):
+def read_plan_runs(plan, work):
+    """{key: its run's series (`read_runs`)} for each run of the plan that has logged a step, each read once."""
+    found = {}
+    for key in plan:
+        if (work / key / "runs").is_dir():
+            seeds = [s for seeds in read_runs([work / key]).values() for s in seeds if s["logged"]]
+            found.update({key: seeds[-1]} if seeds else {})
+    return found
+
+
+def run_cells(s, env_id, reference, upto):
+    """One run's cells read up to step `upto`: ours, their range, points inside and the last tenth (ours / theirs) on
+    the training and the test levels, then the normalised test score (ours / theirs); a dash where nothing is known."""
+    s, cells = {**s, "logged": [step for step in s["logged"] if step <= upto]}, {}
+    for split in ("train", "test"):
+        if s[split] and reference.get((env_id, split)):
+            r = against_reference([s], reference[env_id, split], split)
+            lo, hi = np.nanmin(r["ref"]), np.nanmax(r["ref"])
+            late = f"{r['late_ours']:.2f} / {r['late_ref']:.2f}"
+            cells[split] = (f"{r['ours']:.2f}", f"{lo:.2f} to {hi:.2f}", f"{r['fractions'][0]:.0%}", late)
+            if split == "test" and env_id in EASY_RANGES:
+                low, high = EASY_RANGES[env_id]
+                ours, theirs = ((v - low) / (high - low) for v in (r["ours"], np.nanmean(r["ref"])))
+                cells["score"] = f"{ours:.3f} / {theirs:.3f}"
+    train, test = (cells.get(split, ("-",) * 4) for split in ("train", "test"))
+    return [train[0], train[1], test[0], test[1], f"{train[2]} / {test[2]}", train[3], test[3], cells.get("score", "-")]
+
+
+def run_name(run):
+    """A run's name in the tables: its algorithm, and its group where that is not the defaults."""
+    return SCRIPTS.get(run["name"], run["name"]) + ("" if run["group"] == "defaults" else f", {run['group']}")
+
+
+def each_run(plan, found, reference):
+    """CAMPAIGN.md's lines for every run that has logged, each at its own last step beside the reference there."""
+    lines = []
+    for key, s in found.items():
+        last = s["logged"][-1]
+        lines.append(f"| {key} | {last:,} | " + " | ".join(run_cells(s, plan[key]["env_id"], reference, last)) + " |")
+    return ["", EACH_RUN_INTRO, *lines] if lines else []
+
+
+def side_by_side(plan, found, reference):
     """CAMPAIGN.md's lines for the runs of one game and seed that differ in script or setup, each cut at the last step
     all of them logged (the report sets each beside the reference at its own step, so unequal steps)."""
     by_game_seed = {}
     for key, run in plan.items():
-        by_game_seed.setdefault((run["env_id"], run["seed"]), []).append(key)
+        if key in found:
+            by_game_seed.setdefault((run["env_id"], run["seed"]), []).append(key)
     lines = []
     for (env_id, seed), keys in by_game_seed.items():
-        keys = [k for k in keys if (work / k / "runs").is_dir()]
-        if len(keys) < 2:  # a run alone is not read: its events take seconds to read at millions of steps
+        if len(keys) < 2:
             continue
-        found = [(k, s) for k in keys for seeds in read_runs([work / k]).values() for s in seeds if s["logged"]]
-        if len(found) < 2:
-            continue
-        common = min(s["logged"][-1] for _, s in found)
-        for key, s in found:
-            run = plan[key]
-            name = SCRIPTS.get(run["name"], run["name"]) + ("" if run["group"] == "defaults" else f", {run['group']}")
-            s = {**s, "logged": [step for step in s["logged"] if step <= common]}
-            cells = {}  # split -> ours, their range, points inside, last tenth
-            for split in ("train", "test"):
-                if s[split] and reference.get((env_id, split)):
-                    r = against_reference([s], reference[env_id, split], split)
-                    lo, hi = np.nanmin(r["ref"]), np.nanmax(r["ref"])
-                    late = f"{r['late_ours']:.2f} / {r['late_ref']:.2f}"
-                    cells[split] = (f"{r['ours']:.2f}", f"{lo:.2f} to {hi:.2f}", f"{r['fractions'][0]:.0%}", late)
-            train, test = (cells.get(split, ("-",) * 4) for split in ("train", "test"))
-            lines.append(
-                f"| {env_id}, {seed} | {name} | {common:,} | {train[0]} | {train[1]} | {test[0]} | {test[1]} | "
-                f"{train[2]} / {test[2]} | {train[3]} | {test[3]} |"
-            )
+        common = min(found[key]["logged"][-1] for key in keys)
+        for key in keys:
+            cells = run_cells(found[key], env_id, reference, common)
+            lines.append(f"| {env_id}, {seed} | {run_name(plan[key])} | {common:,} | " + " | ".join(cells) + " |")
     return ["", SIDE_BY_SIDE_INTRO, *lines] if lines else []
 
 
@@ -913,9 +947,10 @@ def write_campaign_report(opts, plan):
             f"{'; '.join(s['notes'])} |"
         )
     try:  # as the reports below: the state is packed already, and a table that fails loses nothing
-        lines += side_by_side(plan, opts.work, read_reference(opts.reference))
+        found, reference = read_plan_runs(plan, opts.work), read_reference(opts.reference)
+        lines += each_run(plan, found, reference) + side_by_side(plan, found, reference)
     except (Exception, SystemExit) as exc:
-        print(f"campaign: the runs side by side were not written ({exc})", flush=True)
+        print(f"campaign: the runs at their steps and side by side were not written ({exc})", flush=True)
     (opts.report / "CAMPAIGN.md").write_text("\n".join(lines) + "\n")
     try:
         phases_beside_ppo(opts, plan)

@@ -808,9 +808,12 @@ def test_a_campaign_asks_ppg_to_stop_a_whole_phase_before_the_end_where_a_phase_
     assert 7.9 <= 1000 + budget - stopped["at"] <= 8.2, stopped  # within two waits
 
 
-def test_the_campaign_sets_runs_of_one_game_and_seed_side_by_side_at_the_step_both_reached(tmp_path, monkeypatch):
-    """PPO logged to step 1000 and PPG to 600 on starpilot at seed 1: both read up to 600 beside the reference there;
-    the runs without a partner (another seed, another game) are neither shown nor read."""
+def test_the_campaign_reads_each_run_once_at_its_own_step_and_sets_runs_of_a_game_and_seed_side_by_side(
+    tmp_path, monkeypatch
+):
+    """PPO logged to step 1000 and PPG to 600 on starpilot at seed 1: each run at its own last step beside the
+    reference there, then those two read up to 600; the runs without a partner (another seed, another game) are in the
+    first table alone. Every run's events are read once."""
     learning = __import__("learning")
     # PPO: an episode returning k ends at step 100 k, so its curve at 100 k is (k + 1) / 2; PPG's episodes return 5
     runs = [
@@ -827,14 +830,16 @@ def test_the_campaign_sets_runs_of_one_game_and_seed_side_by_side_at_the_step_bo
     plan = learning.plan_runs(tmp_path / "plan.json")
     for name, game, seed, last, episode in runs:
         steps = range(100, last + 1, 100)
-        returns = [(step, float(episode(k))) for k, step in enumerate(steps, 1)]
+        events = {"charts/SPS": [(s, 1) for s in steps]}
+        events["charts/episodic_return"] = [(step, float(episode(k))) for k, step in enumerate(steps, 1)]
+        if (name, seed) == ("ppo_procgen", 1):  # halfway up starpilot's easy range (2.5, 64): a score of 0.5
+            events["charts/test_episodic_return"] = [(step, 33.25) for step in steps]
         key = f"{game}__{name}__{seed}"
-        write_run(
-            tmp_path / "work" / key / "runs" / f"{key}__1",
-            {"charts/SPS": [(s, 1) for s in steps], "charts/episodic_return": returns},
-        )
+        write_run(tmp_path / "work" / key / "runs" / f"{key}__1", events)
     flat = lambda value: [(0, value), (2000, value)]  # noqa: E731
-    write_reference(tmp_path / "ref.csv.gz", {("starpilot", "train"): [flat(0.0), flat(2.0), flat(4.0)]})
+    # the reference runs' test returns average 23: a score of 20.5 / 61.5 = 0.333
+    ref = {("starpilot", "train"): [flat(0.0), flat(2.0), flat(4.0)], ("starpilot", "test"): [flat(2.5)] * 2}
+    write_reference(tmp_path / "ref.csv.gz", {**ref, ("starpilot", "test"): [*ref["starpilot", "test"], flat(64.0)]})
     read = []
     monkeypatch.setattr(learning, "read_runs", lambda dirs, real=learning.read_runs: read.extend(dirs) or real(dirs))
     monkeypatch.setattr(learning, "report", lambda opts: None)  # the groups' reports: tested above
@@ -842,14 +847,25 @@ def test_the_campaign_sets_runs_of_one_game_and_seed_side_by_side_at_the_step_bo
         report=tmp_path / "out", work=tmp_path / "work", title="t", reference=tmp_path / "ref.csv.gz"
     )
     learning.write_campaign_report(opts, plan)
-    rows = [line for line in (tmp_path / "out" / "CAMPAIGN.md").read_text().splitlines() if line.startswith("| star")]
-    rows = [[c.strip() for c in row.split("|")[1:-1]] for row in rows if "_procgen_full" not in row]  # not the plan's
-    # the last tenth of 600 steps is step 600 alone; no test episodes nor test reference: dashes
-    assert rows == [
-        ["starpilot, 1", "PPO", "600", "3.50", "0.00 to 4.00", "-", "-", "100% / -", "3.50 / 2.00", "-"],
-        ["starpilot, 1", "PPG", "600", "5.00", "0.00 to 4.00", "-", "-", "0% / -", "5.00 / 2.00", "-"],
+    text = (tmp_path / "out" / "CAMPAIGN.md").read_text()
+    each, beside = (section.split("\n## ")[0] for section in text.split("## ")[1:3])
+
+    def table(section):
+        return [[c.strip() for c in row.split("|")[1:-1]] for row in section.splitlines() if row.startswith("| ")]
+
+    # PPO seed 1 at 1000: inside at 7 of its 10 points (up to 4.0); the last tenth of 1000 steps is step 1000 alone
+    test, test_late = ["33.25", "2.50 to 64.00"], ["33.25 / 23.00", "0.500 / 0.333"]  # PPO seed 1's test cells
+    assert table(each)[1:] == [
+        ["starpilot__ppo_procgen__1", "1,000", "5.50", "0.00 to 4.00", *test, "70% / 100%", "5.50 / 2.00", *test_late],
+        ["starpilot__ppg_procgen__1", "600", "5.00", "0.00 to 4.00", "-", "-", "0% / -", "5.00 / 2.00", "-", "-"],
+        ["starpilot__ppo_procgen__2", "300", "1.00", "0.00 to 4.00", "-", "-", "100% / -", "1.00 / 2.00", "-", "-"],
+        ["caveflyer__ppo_procgen__1", "300", "-", "-", "-", "-", "- / -", "-", "-", "-"],
     ]
-    assert sorted(d.name for d in read) == ["starpilot__ppg_procgen__1", "starpilot__ppo_procgen__1"]
+    assert table(beside)[1:] == [
+        ["starpilot, 1", "PPO", "600", "3.50", "0.00 to 4.00", *test, "100% / 100%", "3.50 / 2.00", *test_late],
+        ["starpilot, 1", "PPG", "600", "5.00", "0.00 to 4.00", "-", "-", "0% / -", "5.00 / 2.00", "-", "-"],
+    ]
+    assert sorted(d.name for d in read) == sorted(f"{game}__{name}__{seed}" for name, game, seed, *_ in runs)
 
 
 def test_the_campaign_sets_each_ppg_run_phase_by_phase_beside_the_ppo_run_of_its_game_and_seed(tmp_path, monkeypatch):
