@@ -189,6 +189,12 @@ def against_reference(seeds, reference, key):
                 late_ours=float(np.nanmean(late_ours)), late_ref=float(np.nanmean(late_ref)))  # fmt: skip
 
 
+def normalised(env_id, value):
+    """A test return as the Procgen paper's normalised score, (R - R_min) / (R_max - R_min) with its easy range."""
+    low, high = EASY_RANGES[env_id]
+    return (value - low) / (high - low)
+
+
 def iqm_with_ci(scores, seed=0):
     """Interquartile mean over runs x games, with a 95% stratified-bootstrap interval (rliable)."""
     try:
@@ -318,15 +324,14 @@ def report(opts):
         lines.append(f"| {env_id} | {label} | {key} | {n} | {r['last']:,} | {r['ours']:.2f} | {runs} ({lo:.2f} to "
                      f"{hi:.2f}) | {inside} | {fractions} | {r['late_ours']:.2f} | {r['late_ref']:.2f} |")  # fmt: skip
 
-    normalised, at_same_steps = {}, {}  # algorithm -> game -> per seed (ours) or per reference run, normalised
+    our_scores, at_same_steps = {}, {}  # algorithm -> game -> per seed (ours) or per reference run, normalised
     for env_id, label, key, _, r in rows:
         if key == "test":
-            lo, hi = EASY_RANGES[env_id]
             finals = [curve(s["test"], [r["last"]])[0] for s in found[(env_id, SCRIPT_OF[label])] if s["test"]]
-            normalised.setdefault(label, {})[env_id] = [(v - lo) / (hi - lo) for v in finals]
-            at_same_steps.setdefault(label, {})[env_id] = [(v - lo) / (hi - lo) for v in r["ref"] if np.isfinite(v)]
+            our_scores.setdefault(label, {})[env_id] = [normalised(env_id, v) for v in finals]
+            at_same_steps.setdefault(label, {})[env_id] = [normalised(env_id, v) for v in r["ref"] if np.isfinite(v)]
     lines += ["", NORMALISED_INTRO]
-    for label, per_game in normalised.items():
+    for label, per_game in our_scores.items():
         # ours, then the reference runs at each game's same last step: runs x games, the runs each game has in common
         for name, scores in ((label, per_game), (f"OpenAI's PPO beside {label}", at_same_steps[label])):
             lines.append(f"- {name}: " + ", ".join(f"{g} {np.mean(v):.3f}" for g, v in scores.items()))
@@ -862,7 +867,8 @@ def read_plan_runs(plan, work):
     for key in plan:
         if (work / key / "runs").is_dir():
             seeds = [s for seeds in read_runs([work / key]).values() for s in seeds if s["logged"]]
-            found.update({key: seeds[-1]} if seeds else {})
+            if seeds:  # its newest run directory's
+                found[key] = seeds[-1]
     return found
 
 
@@ -877,8 +883,7 @@ def run_cells(s, env_id, reference, upto):
             late = f"{r['late_ours']:.2f} / {r['late_ref']:.2f}"
             cells[split] = (f"{r['ours']:.2f}", f"{lo:.2f} to {hi:.2f}", f"{r['fractions'][0]:.0%}", late)
             if split == "test" and env_id in EASY_RANGES:
-                low, high = EASY_RANGES[env_id]
-                ours, theirs = ((v - low) / (high - low) for v in (r["ours"], np.nanmean(r["ref"])))
+                ours, theirs = (normalised(env_id, v) for v in (r["ours"], np.nanmean(r["ref"])))
                 cells["score"] = f"{ours:.3f} / {theirs:.3f}"
     train, test = (cells.get(split, ("-",) * 4) for split in ("train", "test"))
     return [train[0], train[1], test[0], test[1], f"{train[2]} / {test[2]}", train[3], test[3], cells.get("score", "-")]
