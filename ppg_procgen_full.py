@@ -179,11 +179,11 @@ class Args:
     """write a checkpoint to `runs/{run_name}/checkpoints` every this many iterations (0: only on a stop signal),
     at the end of the phase where the interval falls: the phase buffer is spent there and left out"""
     checkpoint_aux_epochs: bool = False
-    """also write a checkpoint after every auxiliary epoch but the last, with the whole phase buffer (6.25 GiB at the
+    """also write a checkpoint after every auxiliary epoch but the last, with the whole phase buffer (6.0 GiB at the
     default sizes): for machines where one auxiliary phase outlasts a working session"""
     stop_at_phase_end: bool = False
     """a stop signal finishes the phase, its auxiliary epochs included, before the checkpoint, which then holds no
-    rollouts (18.7 MB at the default sizes, not up to 6.25 GiB): for chunks that must travel (a campaign's)"""
+    rollouts (18.7 MB at the default sizes, not up to 6.0 GiB): for chunks that must travel (a campaign's)"""
     keep_checkpoints: int = 3
     """keep this many of the newest checkpoints (and the one the run resumed from)"""
     resume: str | None = None

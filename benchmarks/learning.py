@@ -19,6 +19,7 @@ packed state, stops it at a checkpoint before the window ends, packs it again an
 """
 
 import argparse
+import contextlib
 import csv
 import gzip
 import importlib
@@ -689,7 +690,7 @@ class Chunk:
             log.write(
                 f"\n# campaign, chunk {self.status['chunks'] + 1}: python {run['script']}.py {' '.join(cmd[2:])}\n"
             )
-        self.offset, self.iterations, self.signalled = self.log.stat().st_size, 0, None
+        self.offset, self.iterations, self.signalled, self.peak_kib = self.log.stat().st_size, 0, None, 0
         self.timed, self.at_once = [], 1  # (step, when read) of each iteration; the most runs seen going at once
         self.phase_ends = [time.time()]  # its start (at a phase's start: resumed at a phase's end), each phase line's
         print(f"campaign: {key}: " + ("resumes from " + str(ckpt) if ckpt else "starts"), flush=True)
@@ -700,7 +701,11 @@ class Chunk:
             )
 
     def read(self):
-        """The iterations the run closed since the last read (its console lines)."""
+        """The iterations the run closed since the last read (its console lines), and its peak resident memory so far
+        (the kernel's VmHWM, read at each of the campaign's looks: a run the kernel kills for memory leaves it too)."""
+        with contextlib.suppress(OSError):  # gone: the last look's figure stands
+            found = re.search(r"^VmHWM:\s+(\d+) kB", Path(f"/proc/{self.proc.pid}/status").read_text(), re.M)
+            self.peak_kib = max(self.peak_kib, int(found[1]) if found else 0)
         with open(self.log) as f:
             f.seek(self.offset)
             text = f.read()
@@ -750,14 +755,22 @@ class Chunk:
         pace = self.speed()
         if pace is not None:  # what one window measured: a run's pace with this many going at once
             status["speed"] = {"chunk": status["chunks"], "steps_per_second": pace, "runs_at_once": self.at_once}
+        peak, machine = f"{self.peak_kib / 2**20:.1f} GiB", f"{machine_memory() / 2**30:.1f} GiB"
+        if self.peak_kib:  # what the window measured: the run's peak resident memory on its machine
+            status["memory"] = {"chunk": status["chunks"], "peak": peak, "of": machine}
         ckpt = newest_checkpoint(self.dir)
         status["iteration"] = int(re.match(r"iter_(\d+)", ckpt.name)[1]) if ckpt else 0
         failed = code not in (0, 128 + signal.SIGTERM, -signal.SIGKILL)
         if code == 0:
             status.update(done=True, iteration=status["iterations"] or status["iteration"])
         elif code == -signal.SIGKILL:
+            by = ""  # the campaign's own SIGKILL, too late for a checkpoint; another's (the kernel's out of memory)
+            if self.signalled != signal.SIGKILL:
+                by = f" by a SIGKILL the campaign did not send ({peak} resident at the last look, of the machine's "
+                by += f"{machine}: near it, the kernel's out-of-memory killer)"
             status["notes"].append(
-                f"chunk {status['chunks']} killed before its checkpoint: goes on from iteration {status['iteration']}"
+                f"chunk {status['chunks']} killed before its checkpoint{by}: goes on from iteration "
+                f"{status['iteration']}"
             )
         elif failed:
             status["notes"].append(f"chunk {status['chunks']} ended with exit status {code} (see log.txt)")
@@ -768,6 +781,11 @@ class Chunk:
             )
         (self.dir / "campaign.json").write_text(json.dumps(status, indent=1))
         return failed
+
+
+def machine_memory():
+    """This machine's memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def campaign(opts, extra):
@@ -940,15 +958,19 @@ def phases_beside_ppo(opts, plan):
 def write_campaign_report(opts, plan):
     """CAMPAIGN.md: where each run of the plan stands; and each group's report at the steps its runs reached."""
     opts.report.mkdir(parents=True, exist_ok=True)
-    header = "| run | script | flags | step reached | of | done | chunks | steps/s (its last timed chunk) | notes |"
-    lines = [f"# The campaign: {opts.title}", "", header, "|---" * 9 + "|"]
+    header = (
+        "| run | script | flags | step reached | of | done | chunks | steps/s (its last timed chunk) "
+        "| peak resident memory (its last chunk measured) | notes |"
+    )
+    lines = [f"# The campaign: {opts.title}", "", header, "|---" * 10 + "|"]
     for key, run in plan.items():
         s = read_status(opts.work / key)
-        pace = s.get("speed")
+        pace, memory = s.get("speed"), s.get("memory")
         pace = f"{pace['steps_per_second']:,}, {pace['runs_at_once']} run(s) at once" if pace else ""
+        memory = f"{memory['peak']} of {memory['of']} (chunk {memory['chunk']})" if memory else ""
         lines.append(
             f"| {key} | {run['script']} | {' '.join(run['flags']) or '(defaults)'} | {s['step']:,} | "
-            f"{run['total_timesteps']:,} | {'yes' if s['done'] else 'no'} | {s['chunks']} | {pace} | "
+            f"{run['total_timesteps']:,} | {'yes' if s['done'] else 'no'} | {s['chunks']} | {pace} | {memory} | "
             f"{'; '.join(s['notes'])} |"
         )
     try:  # as the reports below: the state is packed already, and a table that fails loses nothing

@@ -692,6 +692,8 @@ def campaign_stood_in(monkeypatch, tmp_path, plan, process, clock):
     tick = types.SimpleNamespace(time=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))
     monkeypatch.setattr(learning, "time", tick)
     monkeypatch.setattr(learning.subprocess, "Popen", process)
+    # no process of its own: a pid past the kernel's largest (2^22), which /proc has not and no signal reaches
+    monkeypatch.setattr(process, "pid", getattr(process, "pid", 2**22 + 1), raising=False)
     monkeypatch.setattr(learning, "check_script_flags", lambda *a: None)
     monkeypatch.setattr(learning, "write_campaign_report", lambda *a: None)
     return [x for name in ("plan", "work", "state", "report") for x in (f"--{name}", str(tmp_path / name))]
@@ -806,6 +808,52 @@ def test_a_campaign_asks_ppg_to_stop_a_whole_phase_before_the_end_where_a_phase_
     argv = ["campaign", "--budget", str(budget), "--margin", "1", "--phase-margin", "1", *folders]
     learning.campaign(*learning.parse(argv))
     assert 7.9 <= 1000 + budget - stopped["at"] <= 8.2, stopped  # within two waits
+
+
+@pytest.mark.parametrize("killer", ["outside", "campaign"])
+def test_a_campaign_says_when_a_run_was_killed_by_a_signal_it_did_not_send_with_the_run_s_peak_memory(
+    killer, tmp_path, monkeypatch
+):
+    """A run killed by a SIGKILL the campaign did not send (the kernel's out-of-memory killer sends one) is named so in
+    its note, with its peak resident memory at the campaign's last look and the machine's; one the campaign killed,
+    too late for its checkpoint, plainly. Every chunk's peak is kept in campaign.json. The stand-in run has this
+    test's process's pid, whose peak (VmHWM) the campaign reads; it ends 1 s in (`outside`), or when it is killed."""
+    import learning
+
+    plan = [{"script": "ppo_procgen_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}]
+    clock = [1000.0]
+
+    class Process:
+        pid = os.getpid()
+
+        def __init__(self, cmd, cwd, **kwargs):
+            self.start, self.returncode = clock[0], None
+
+        def poll(self):
+            if killer == "outside" and clock[0] >= self.start + 1:
+                self.returncode = -signal.SIGKILL
+            return self.returncode
+
+        def send_signal(self, signum):  # a stop asked: not heard
+            pass
+
+    folders = campaign_stood_in(monkeypatch, tmp_path, plan, Process, clock)
+    started = []
+    monkeypatch.setattr(learning.subprocess, "Popen", lambda *a, **k: started.append(Process(*a, **k)) or started[-1])
+    killed = lambda pid, signum: setattr(started[0], "returncode", -signum)  # noqa: E731
+    monkeypatch.setattr(learning.os, "killpg", killed)  # the campaign's SIGKILL, to the stand-in
+    learning.campaign(*learning.parse(["campaign", "--budget", "40", "--margin", "1", *folders]))
+    status = json.loads((tmp_path / "work" / "starpilot__ppo_procgen__1" / "campaign.json").read_text())
+    hwm = int(re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())[1]) / 2**20
+    peak, machine = float(status["memory"]["peak"].split()[0]), learning.machine_memory() / 2**30
+    assert 0.05 <= peak <= hwm + 0.05 and status["memory"]["of"] == f"{machine:.1f} GiB", status
+    by = (
+        f" by a SIGKILL the campaign did not send ({peak:.1f} GiB resident at the last look, of the machine's "
+        f"{machine:.1f} GiB: near it, the kernel's out-of-memory killer)"
+    )
+    assert status["notes"] == [
+        f"chunk 1 killed before its checkpoint{by if killer == 'outside' else ''}: goes on from iteration 0"
+    ], status
 
 
 def test_the_campaign_reads_each_run_once_at_its_own_step_and_sets_runs_of_a_game_and_seed_side_by_side(
@@ -940,6 +988,9 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
     assert first["speed"]["steps_per_second"] > 0 and first["speed"]["runs_at_once"] == 1, first
     pace = f"| {first['speed']['steps_per_second']:,}, 1 run(s) at once |"
     assert pace in (tmp_path / "chunked_report" / "CAMPAIGN.md").read_text()
+    # and its peak memory in the table (its figure is the fork server's client's here, as `routed` says: not checked)
+    memory = f"| {first['memory']['peak']} of {first['memory']['of']} (chunk 1) |"
+    assert memory in (tmp_path / "chunked_report" / "CAMPAIGN.md").read_text()
     parts = sorted((tmp_path / "chunked").iterdir())
     assert len(parts) > 1 and all(p.stat().st_size <= limit for p in parts)  # a checkpoint of ~6 MB, in parts
     shutil.rmtree(tmp_path / "chunked_work")  # another machine: the packed parts alone travel
