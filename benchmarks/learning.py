@@ -841,7 +841,7 @@ def campaign(opts, extra):
         except KeyboardInterrupt:
             print("campaign: stopping every run at its next checkpoint (Ctrl-C again: at once)", flush=True)
             stopping = True
-    if queue:  # said, not silent: a window too short for them (PPG's runs need --phase-margin more)
+    if queue and opts.budget > 0:  # said, not silent: a window too short for them (PPG's runs need --phase-margin more)
         print(f"campaign: not started, too little time left: {', '.join(queue)}", flush=True)
     paces = [read_status(opts.work / key).get("speed") for key in dict.fromkeys(key for key, _ in closed)]
     paces = [pace for pace in paces if pace]

@@ -741,6 +741,10 @@ def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, mo
     learning.campaign(*learning.parse(argv))
     assert list(started) == ["starpilot__ppo_procgen__1"], started
     assert "not started, too little time left: starpilot__ppg_procgen__1" in capsys.readouterr().out
+    started.clear()  # a budget of 0, the report alone: nothing starts, and no run is said to be left out
+    argv[argv.index("--budget") + 1] = "0"
+    learning.campaign(*learning.parse(argv))
+    assert not started and "not started" not in capsys.readouterr().out
 
 
 def ppg_on_the_clock(clock, stopped):
