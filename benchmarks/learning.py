@@ -968,8 +968,11 @@ def write_campaign_report(opts, plan):
         pace, memory = s.get("speed"), s.get("memory")
         pace = f"{pace['steps_per_second']:,}, {pace['runs_at_once']} run(s) at once" if pace else ""
         memory = f"{memory['peak']} of {memory['of']} (chunk {memory['chunk']})" if memory else ""
+        # a run killed after its last checkpoint logged steps that the next chunk runs again: what is kept, said
+        kept = s["iteration"] * s["step"] // s["logged_iteration"] if s.get("logged_iteration") else s["step"]
+        reached = f"{s['step']:,}" + (f" (kept: {kept:,})" if kept < s["step"] else "")
         lines.append(
-            f"| {key} | {run['script']} | {' '.join(run['flags']) or '(defaults)'} | {s['step']:,} | "
+            f"| {key} | {run['script']} | {' '.join(run['flags']) or '(defaults)'} | {reached} | "
             f"{run['total_timesteps']:,} | {'yes' if s['done'] else 'no'} | {s['chunks']} | {pace} | {memory} | "
             f"{'; '.join(s['notes'])} |"
         )

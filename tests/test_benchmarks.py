@@ -892,6 +892,16 @@ def test_the_campaign_reads_each_run_once_at_its_own_step_and_sets_runs_of_a_gam
     # the reference runs' test returns average 23: a score of 20.5 / 61.5 = 0.333
     ref = {("starpilot", "train"): [flat(0.0), flat(2.0), flat(4.0)], ("starpilot", "test"): [flat(2.5)] * 2}
     write_reference(tmp_path / "ref.csv.gz", {**ref, ("starpilot", "test"): [*ref["starpilot", "test"], flat(64.0)]})
+    # where the campaign left them: PPO seed 1 with its checkpoint at iteration 8 of the 10 it logged, PPG killed with
+    # none kept after its first chunk, whose peak memory the campaign read; the others without a campaign.json
+    memory = {"chunk": 1, "peak": "23.1 GiB", "of": "23.5 GiB"}
+    statuses = {
+        "starpilot__ppo_procgen__1": {"iteration": 8, "step": 1000, "logged_iteration": 10, "chunks": 2},
+        "starpilot__ppg_procgen__1": {"step": 600, "logged_iteration": 6, "chunks": 1, "notes": ["killed", "again"]},
+    }
+    for key, status in statuses.items():
+        memory_read = {"memory": memory} if "ppg" in key else {}
+        (tmp_path / "work" / key / "campaign.json").write_text(json.dumps({**status, **memory_read}))
     read = []
     monkeypatch.setattr(learning, "read_runs", lambda dirs, real=learning.read_runs: read.extend(dirs) or real(dirs))
     monkeypatch.setattr(learning, "report", lambda opts: None)  # the groups' reports: tested above
@@ -900,10 +910,16 @@ def test_the_campaign_reads_each_run_once_at_its_own_step_and_sets_runs_of_a_gam
     )
     learning.write_campaign_report(opts, plan)
     text = (tmp_path / "out" / "CAMPAIGN.md").read_text()
-    each, beside = (section.split("\n## ")[0] for section in text.split("## ")[1:3])
+    where, each, beside = (section.split("\n## ")[0] for section in text.split("## ")[0:3])
 
     def table(section):
         return [[c.strip() for c in row.split("|")[1:-1]] for row in section.splitlines() if row.startswith("| ")]
+
+    assert [row[3:] for row in table(where)[1:3]] == [
+        ["1,000 (kept: 800)", "1,000", "no", "2", "", "", ""],
+        ["600 (kept: 0)", "1,000", "no", "1", "", "23.1 GiB of 23.5 GiB (chunk 1)", "killed; again"],
+    ]
+    assert [row[3] for row in table(where)[3:]] == ["0", "0"]  # no campaign.json: nothing reached
 
     # PPO seed 1 at 1000: inside at 7 of its 10 points (up to 4.0); the last tenth of 1000 steps is step 1000 alone
     test, test_late = ["33.25", "2.50 to 64.00"], ["33.25 / 23.00", "0.500 / 0.333"]  # PPO seed 1's test cells
