@@ -894,14 +894,18 @@ def test_the_campaign_reads_each_run_once_at_its_own_step_and_sets_runs_of_a_gam
     write_reference(tmp_path / "ref.csv.gz", {**ref, ("starpilot", "test"): [*ref["starpilot", "test"], flat(64.0)]})
     # where the campaign left them: PPO seed 1 with its checkpoint at iteration 8 of the 10 it logged, PPG killed with
     # none kept after its first chunk, whose peak memory the campaign read; the others without a campaign.json
-    memory = {"chunk": 1, "peak": "23.1 GiB", "of": "23.5 GiB"}
     statuses = {
         "starpilot__ppo_procgen__1": {"iteration": 8, "step": 1000, "logged_iteration": 10, "chunks": 2},
-        "starpilot__ppg_procgen__1": {"step": 600, "logged_iteration": 6, "chunks": 1, "notes": ["killed", "again"]},
+        "starpilot__ppg_procgen__1": {
+            "step": 600,
+            "logged_iteration": 6,
+            "chunks": 1,
+            "notes": ["killed", "again"],
+            "memory": {"chunk": 1, "peak": "23.1 GiB", "of": "23.5 GiB"},
+        },
     }
     for key, status in statuses.items():
-        memory_read = {"memory": memory} if "ppg" in key else {}
-        (tmp_path / "work" / key / "campaign.json").write_text(json.dumps({**status, **memory_read}))
+        (tmp_path / "work" / key / "campaign.json").write_text(json.dumps(status))
     read = []
     monkeypatch.setattr(learning, "read_runs", lambda dirs, real=learning.read_runs: read.extend(dirs) or real(dirs))
     monkeypatch.setattr(learning, "report", lambda opts: None)  # the groups' reports: tested above
