@@ -21,8 +21,10 @@ packed state, stops it at a checkpoint before the window ends, packs it again an
 import argparse
 import contextlib
 import csv
+import datetime
 import gzip
 import importlib
+import importlib.metadata
 import io
 import itertools
 import json
@@ -465,7 +467,7 @@ def phases(opts):
 # ── campaign: the protocol's long runs, each advanced a chunk at a time by whatever window of time there is ──
 PLAN = HERE / "campaign" / "plan.json"
 # a full file's console line after an iteration: the iteration, of how many, the step
-ITERATION_LINE = re.compile(r"^iter (\d+)/(\d+)  step (\d+)  SPS \d+  \([\d.]+s/iter", re.M)
+ITERATION_LINE = re.compile(r"^iter (\d+)/(\d+)  step (\d+)  SPS \d+  \(([\d.]+)s/iter", re.M)
 PHASE_LINE = re.compile(r"^phase \d+/\d+  ", re.M)  # a PPG run's, at its auxiliary phase's end
 # inductor's cache of the runs' compiled stages (and Triton's kernels), packed with the runs: a window on a new machine
 # loads them where it would compile them afresh (one CPU run's first iteration: 42 s cold, 6 s from a cache copied to
@@ -692,6 +694,7 @@ class Chunk:
             )
         self.offset, self.iterations, self.signalled, self.peak_kib = self.log.stat().st_size, 0, None, 0
         self.timed, self.at_once = [], 1  # (step, when read) of each iteration; the most runs seen going at once
+        self.began, self.from_step, self.seconds = time.time(), kept_steps(self.status), []  # [console's s/iter]
         self.phase_ends = [time.time()]  # its start (at a phase's start: resumed at a phase's end), each phase line's
         print(f"campaign: {key}: " + ("resumes from " + str(ckpt) if ckpt else "starts"), flush=True)
         # a session of its own: a Ctrl-C at the terminal reaches the campaign, which stops each run with a checkpoint
@@ -712,8 +715,9 @@ class Chunk:
         text = text[: text.rfind("\n") + 1]  # whole lines only
         self.offset += len(text.encode())
         now = time.time()
-        for iteration, iterations, step in ITERATION_LINE.findall(text):
+        for iteration, iterations, step, seconds in ITERATION_LINE.findall(text):
             self.iterations += 1
+            self.seconds.append(float(seconds))
             self.timed.append((int(step), now))
             self.status.update(logged_iteration=int(iteration), iterations=int(iterations), step=int(step))
         phases = len(PHASE_LINE.findall(text))
@@ -747,8 +751,9 @@ class Chunk:
                 self.proc.send_signal(signum)
             self.signalled = signum
 
-    def close(self):
-        """The chunk's outcome in the run's status: done (exit status 0), stopped at a checkpoint, or failed."""
+    def close(self, window):
+        """The chunk's outcome in the run's status: done (exit status 0), stopped at a checkpoint, or failed; and its
+        record in the run's `chunks_run`, with the `window`'s machine, torch and budget."""
         self.read()
         code, status = self.proc.returncode, self.status
         status["chunks"] += 1
@@ -779,8 +784,49 @@ class Chunk:
                 + "".join(self.log.read_text().splitlines(True)[-15:]),
                 flush=True,
             )
+        how = "done" if code == 0 else "stopped at a checkpoint" if code == 128 + signal.SIGTERM else "killed"
+        s = sorted(self.seconds)
+        record = {"chunk": status["chunks"], **window, "runs_at_once": self.at_once, "iterations": self.iterations}
+        record.update(
+            began=utc(self.began),
+            ended=utc(time.time()),
+            steps=[self.from_step, kept_steps(status)],  # those its checkpoint keeps, before and after
+            seconds_per_iteration=[s[(len(s) - 1) // 2], s[0], s[-1]] if s else None,  # the console's: median, range
+            steps_per_second=pace,
+            peak=peak if self.peak_kib else None,
+            how=f"exit status {code}" if failed else how,
+        )
+        status.setdefault("chunks_run", []).append(record)  # from 2026-12-03: earlier chunks have no record
         (self.dir / "campaign.json").write_text(json.dumps(status, indent=1))
         return failed
+
+
+def utc(seconds):
+    """A time in seconds since 1970 as a chunk's record says it, to the minute, in UTC."""
+    return (datetime.datetime(1970, 1, 1) + datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%d %H:%M")
+
+
+def kept_steps(status):
+    """The steps a run's newest checkpoint keeps: a run killed after it logged steps that its next chunk runs again."""
+    s = status
+    return s["iteration"] * s["step"] // s["logged_iteration"] if s.get("logged_iteration") else s["step"]
+
+
+def machine_name():
+    """This machine as a chunk's record names it: its GPUs (the NVIDIA driver's names: the runs' device where there is
+    one), the cores this process may use and the CPU's model, with its family and model numbers."""
+    cpu, gpus = {}, []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            cpu.setdefault(key.strip(), value.strip())
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        with contextlib.suppress(OSError, TypeError):
+            gpus.append(re.search(r"^Model:\s+(.+)$", info.read_text(), re.M)[1].strip())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    name = f"{cores}-core {cpu.get('model name') or os.uname().machine}"
+    name += f" (family {cpu['cpu family']} model {cpu['model']})" if "cpu family" in cpu and "model" in cpu else ""
+    return (f"{len(gpus)} x {gpus[0]}; " if gpus else "") + name
 
 
 def machine_memory():
@@ -812,6 +858,8 @@ def campaign(opts, extra):
     # cores leave procgen's threads none (`throughput.py --suite machine`)
     share = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(max(1, os.cpu_count() // opts.parallel))}
     cache = opts.work / COMPILE_CACHE  # the runs' compiled stages, which travel with them
+    torch_version = next((d.version for d in importlib.metadata.distributions(name="torch")), "not installed")
+    window = {"machine": machine_name(), "torch": torch_version, "budget": opts.budget}  # each chunk's record: where
     while (queue and not stopping) or live:
         try:
             left = deadline - time.time()
@@ -836,7 +884,7 @@ def campaign(opts, extra):
                     chunk.signal(signal.SIGKILL)  # too late for its checkpoint: the next chunk goes on from the last
             for chunk in [c for c in live if c.proc.poll() is not None]:
                 live.remove(chunk)
-                closed.append((chunk.key, chunk.close()))  # (key, failed)
+                closed.append((chunk.key, chunk.close(window)))  # (key, failed)
             time.sleep(0.1)
         except KeyboardInterrupt:
             print("campaign: stopping every run at its next checkpoint (Ctrl-C again: at once)", flush=True)
@@ -877,6 +925,35 @@ each read up to the step all of them reached, beside the reference runs there (t
 | game, seed | run | to step | training: ours | their range | test: ours | their range | points inside (train / test) \
 | last tenth, training: ours / theirs | last tenth, test: ours / theirs | normalised test score: ours / theirs |
 |---|---|---|---|---|---|---|---|---|---|---|"""
+
+
+EACH_CHUNK_INTRO = """## Each chunk as it ran
+
+Every chunk that the campaign recorded (a chunk's record began on 2026-12-03): when (UTC), where (the machine: its GPUs
+where it has any, the cores the campaign may use, the CPU's model, family and model numbers), the runs going at once,
+the steps its checkpoints kept before and after, the iterations it ran, the console's seconds an iteration (median,
+least to most: the first has the compiling), the steps a second on the clock after its first iteration (auxiliary
+phases included), the peak resident memory and how it ended.
+
+| run | chunk | when (UTC) | where | torch | at once | `--budget` | steps kept | iterations | s/iter: median (range) \
+| steps/s | peak memory | ended |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|"""
+
+
+def each_chunk(plan, work):
+    """CAMPAIGN.md's lines for every chunk recorded in the plan's runs' status, run by run in the plan's order."""
+    lines = []
+    for key in plan:
+        for c in read_status(work / key).get("chunks_run", []):
+            pace = f"{c['steps_per_second']:,}" if c["steps_per_second"] is not None else "-"
+            seconds = c["seconds_per_iteration"]
+            seconds = f"{seconds[0]:.1f} ({seconds[1]:.1f} to {seconds[2]:.1f})" if seconds else "-"
+            lines.append(
+                f"| {key} | {c['chunk']} | {c['began']} to {c['ended']} | {c['machine']} | {c['torch']} | "
+                f"{c['runs_at_once']} | {c['budget']:g} | {c['steps'][0]:,} to {c['steps'][1]:,} | {c['iterations']} | "
+                f"{seconds} | {pace} | {c['peak'] or '-'} | {c['how']} |"
+            )
+    return ["", EACH_CHUNK_INTRO, *lines] if lines else []
 
 
 def read_plan_runs(plan, work):
@@ -969,7 +1046,7 @@ def write_campaign_report(opts, plan):
         pace = f"{pace['steps_per_second']:,}, {pace['runs_at_once']} run(s) at once" if pace else ""
         memory = f"{memory['peak']} of {memory['of']} (chunk {memory['chunk']})" if memory else ""
         # a run killed after its last checkpoint logged steps that the next chunk runs again: what is kept, said
-        kept = s["iteration"] * s["step"] // s["logged_iteration"] if s.get("logged_iteration") else s["step"]
+        kept = kept_steps(s)
         reached = f"{s['step']:,}" + (f" (kept: {kept:,})" if kept < s["step"] else "")
         lines.append(
             f"| {key} | {run['script']} | {' '.join(run['flags']) or '(defaults)'} | {reached} | "
@@ -981,6 +1058,7 @@ def write_campaign_report(opts, plan):
         lines += each_run(plan, found, reference) + side_by_side(plan, found, reference)
     except (Exception, SystemExit) as exc:
         print(f"campaign: the runs at their steps and side by side were not written ({exc})", flush=True)
+    lines += each_chunk(plan, opts.work)
     (opts.report / "CAMPAIGN.md").write_text("\n".join(lines) + "\n")
     try:
         phases_beside_ppo(opts, plan)

@@ -3,6 +3,7 @@
 import argparse
 import csv
 import gzip
+import importlib.metadata
 import json
 import os
 import re
@@ -644,7 +645,7 @@ def test_compiled_runs_keep_their_stages_in_the_campaign_s_cache(tmp_path, monke
         def phase_seconds(self):
             return 0.0
 
-        def close(self):
+        def close(self, window):
             return False
 
     argv = ["campaign", "--budget", "600", "--plan", str(tmp_path / "plan.json"), "--work", str(tmp_path / "work"),
@@ -748,10 +749,10 @@ def test_a_campaign_stops_ppg_at_its_phase_end_and_earlier_than_ppo(tmp_path, mo
 
 
 def ppg_on_the_clock(clock, stopped):
-    """A stand-in PPG run's process on the campaign's `clock`: iterations of 1 s (its console's s/iter) of 1,000 steps,
-    with 3 s of auxiliary phase after every fourth, which logs its phase line at its end; asked to stop, it goes on to
-    its phase's end and ends there as a stopped run ends (`--stop-at-phase-end`); `stopped` gets the clock when it was
-    asked."""
+    """A stand-in PPG run's process on the campaign's `clock`: iterations of 1 s of 1,000 steps (its console's s/iter
+    says 2, 3, 1, 2, ... s: what it logs, not the clock), with 3 s of auxiliary phase after every fourth, which logs
+    its phase line at its end; asked to stop, it goes on to its phase's end and ends there as a stopped run ends
+    (`--stop-at-phase-end`); `stopped` gets the clock when it was asked."""
 
     class Process:
         phases, signum = 0, None  # the phase lines logged; the signal it was asked to stop with
@@ -763,7 +764,10 @@ def ppg_on_the_clock(clock, stopped):
             k = self.logged + 1  # iteration k ends at k seconds, plus 3 s for each phase before it
             while self.returncode is None and self.start + k + 3 * ((k - 1) // 4) <= clock[0]:
                 with open(self.log, "a") as f:
-                    f.write(f"iter {k}/1000  step {1000 * k}  SPS 1000  (1.0s/iter, 9.9 min left)  return 0.00\n")
+                    seconds = 1 + k % 3  # the console's
+                    f.write(
+                        f"iter {k}/1000  step {1000 * k}  SPS 1000  ({seconds}.0s/iter, 9.9 min left)  return 0.00\n"
+                    )
                 self.logged, k = k, k + 1
             phases = (clock[0] - self.start) // 7  # each phase's line, at its auxiliary epochs' end
             while self.returncode is None and self.phases < phases:
@@ -784,7 +788,8 @@ def test_a_campaign_s_pace_is_on_the_clock_auxiliary_phases_included(tmp_path, m
     or to its last auxiliary phase's end: a stand-in PPG run logs 4,000 steps in 7 s (4 iterations and an auxiliary
     phase), stopped at a phase's end: about 571 steps/s over its 5 phases (19,000 steps in 34 s: 559), where the
     iterations' own seconds said 1,000 (the pace before 2026-11-28, which would have planned PPG's windows at PPO's
-    pace) and its iterations' ends alone 19,000 steps in 31 s (about 610: the pace before 2026-11-29)."""
+    pace) and its iterations' ends alone 19,000 steps in 31 s (about 610: the pace before 2026-11-29). The chunk's
+    record says where and when it ran, its steps, iterations and their console seconds, and CAMPAIGN.md lists it."""
     import learning
 
     plan = [{"script": "ppg_procgen_full", "env_id": "starpilot", "seed": 1, "total_timesteps": 10**6}]
@@ -793,6 +798,16 @@ def test_a_campaign_s_pace_is_on_the_clock_auxiliary_phases_included(tmp_path, m
     learning.campaign(*learning.parse(["campaign", "--budget", "40", "--margin", "1", "--phase-margin", "1", *folders]))
     status = json.loads((tmp_path / "work" / "starpilot__ppg_procgen__1" / "campaign.json").read_text())
     assert status["step"] == 20_000 and 550 <= status["speed"]["steps_per_second"] <= 570, status
+    [record] = status["chunks_run"]
+    when = "1970-01-01 00:16"  # the stand-in clock's 1000 s
+    assert record["began"] == when and record["machine"] == learning.machine_name() and record["budget"] == 40, record
+    assert record["torch"] == importlib.metadata.version("torch"), record
+    # 20 iterations logged at 2, 3, 1, ... s: seven of 2 s, seven of 3 s and six of 1 s; no checkpoint is written
+    assert record["seconds_per_iteration"] == [2.0, 1.0, 3.0] and record["iterations"] == 20, record
+    assert record["steps"] == [0, 0] and record["how"] == "stopped at a checkpoint" and record["runs_at_once"] == 1
+    line = learning.each_chunk(learning.plan_runs(tmp_path / "plan"), tmp_path / "work")[-1]
+    assert line.startswith(f"| starpilot__ppg_procgen__1 | 1 | {when} to "), line
+    assert "| 40 | 0 to 0 | 20 | 2.0 (1.0 to 3.0) |" in line, line
 
 
 @pytest.mark.parametrize("budget", [40, 20])
@@ -858,6 +873,7 @@ def test_a_campaign_says_when_a_run_was_killed_by_a_signal_it_did_not_send_with_
     assert status["notes"] == [
         f"chunk 1 killed before its checkpoint{by if killer == 'outside' else ''}: goes on from iteration 0"
     ], status
+    assert status["chunks_run"][0]["how"] == "killed" and status["chunks_run"][0]["peak"] == status["memory"]["peak"]
 
 
 def test_the_campaign_reads_each_run_once_at_its_own_step_and_sets_runs_of_a_game_and_seed_side_by_side(
@@ -1037,7 +1053,12 @@ def test_a_campaign_cut_into_chunks_logs_what_the_same_run_logs_uninterrupted(tm
 
     chunked, whole = logged("chunked"), logged("whole")
     assert chunked == whole and [s for s, _ in whole["losses/value_loss"]] == [128 * i for i in range(1, 6)]
-    assert json.loads((tmp_path / "chunked_work" / key / "campaign.json").read_text())["done"]
+    status = json.loads((tmp_path / "chunked_work" / key / "campaign.json").read_text())
+    assert status["done"]
+    # each chunk's record, which travels with the run: the steps its checkpoints kept, and how it ended
+    records = [(c["steps"], c["how"]) for c in status["chunks_run"]]
+    assert records == [([0, first["step"]], "stopped at a checkpoint"), ([first["step"], 640], "done")], records
+    assert (tmp_path / "chunked_report" / "CAMPAIGN.md").read_text().count(f"| {key} | ") == 4  # 2 chunks: 2 more
     curves = (tmp_path / "chunked_report" / "defaults" / "curves.csv").read_text().splitlines()
     assert [line.split(",")[3] for line in curves[1:]] == [str(128 * i) for i in range(1, 6)]  # every logged step
     assert all(p.stat().st_size <= limit for p in (tmp_path / "chunked").iterdir())
