@@ -112,11 +112,10 @@ def test_compiled_stages_log_the_losses_of_the_eager_ones(name, extra, tmp_path,
     # as many test envs as training envs: the policy step's one graph serves both (a second batch size compiles a
     # second graph: 12 more C++ kernels for PPO, about 10% of the test's time where inductor's cache is cold)
     flags = [*SMALL, *NARROW, "--num-eval-envs", str(NUM_ENVS), "--anneal-lr", *(PPG if is_ppg(name) else [])]
-    flags += [*extra, *RND_START] if extra else []
-    # V-trace's clip a little above 1: at 1 the share of ratios above it counts, in each epoch's first minibatch, ratios
-    # that are 1 up to rounding (the update's forward against the rollout's), so kernels that round differently flip
-    # whole samples (eager against aot_eager on an Intel Xeon of family 6 model 207: 0.156 against 0.219)
-    flags += ["--vtrace-rho-clip", "1.001"] if extra else []
+    # with the options, V-trace's clip a little above 1: at 1 the share of ratios above it counts, in each epoch's first
+    # minibatch, ratios that are 1 up to rounding (the update's forward against the rollout's), so kernels that round
+    # differently flip whole samples (eager against aot_eager on an Intel Xeon, family 6 model 207: 0.156 against 0.219)
+    flags += [*extra, *RND_START, "--vtrace-rho-clip", "1.001"] if extra else []
     logged, tags = {}, ("losses/", "charts/learning_rate", "charts/episodic", "charts/test_episodic")
     for mode in ("off", "default"):
         monkeypatch.setattr(ScriptedProcgen, "made", [])  # the same games (numbered from 0) in each run
